@@ -1,0 +1,285 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+	"github.com/containerd/errdefs"
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+// DefaultPath is where the shim looks for its configuration file.
+const DefaultPath = "/etc/vmshim/config.toml"
+
+// EnvPath is the environment variable that overrides DefaultPath.
+const EnvPath = "VMSHIM_CONFIG"
+
+// Disk drivers accepted by the disk_driver key and the disk-driver annotation.
+const (
+	DiskDriverVirtioBlk  = "virtio-blk"
+	DiskDriverVirtioSCSI = "virtio-scsi"
+	DiskDriverNVMe       = "nvme"
+)
+
+// Accelerator modes accepted by the accel key.
+const (
+	AccelAuto = "auto"
+	AccelKVM  = "kvm"
+	AccelTCG  = "tcg"
+)
+
+const (
+	// MinMemory is the smallest guest RAM any source may ask for.
+	MinMemory = 64 << 20
+	// vcpuLimit is the largest vCPU count QEMU's q35 machine accepts.
+	vcpuLimit = 288
+	// maxCmdline bounds kernel command lines from the file and annotations.
+	maxCmdline = 4 << 10
+)
+
+// Config is the shim's configuration file.
+type Config struct {
+	QEMUBinary    string `toml:"qemu_binary"`    // QEMU system emulator, a command name (looked up in PATH by the caller) or an absolute path
+	QEMUImg       string `toml:"qemu_img"`       // qemu-img, a command name or an absolute path
+	Accel         string `toml:"accel"`          // auto, kvm or tcg
+	DefaultVCPUs  int    `toml:"default_vcpus"`  // vCPUs when neither an annotation nor a CPU limit says
+	DefaultMemory string `toml:"default_memory"` // guest RAM (Kubernetes quantity) when neither an annotation nor a memory limit says
+	MaxVCPUs      int    `toml:"max_vcpus"`      // upper bound for the vCPU count from any source
+	MaxMemory     string `toml:"max_memory"`     // upper bound for guest RAM from any source
+	MaxDiskSize   string `toml:"max_disk_size"`  // largest virtual size of an image disk or grown root disk
+	DiskDriver    string `toml:"disk_driver"`    // virtio-blk, virtio-scsi or nvme
+	KernelCmdline string `toml:"kernel_cmdline"` // base command line for direct kernel boot
+	Sandbox       bool   `toml:"sandbox"`        // run QEMU with -sandbox on
+	BootTimeout   string `toml:"boot_timeout"`   // Go duration from QEMU start to QMP ready
+}
+
+// Default returns the built-in configuration.
+func Default() Config {
+	return Config{
+		QEMUBinary:    "qemu-system-x86_64",
+		QEMUImg:       "qemu-img",
+		Accel:         AccelAuto,
+		DefaultVCPUs:  1,
+		DefaultMemory: "512Mi",
+		MaxVCPUs:      16,
+		MaxMemory:     "16Gi",
+		MaxDiskSize:   "256Gi",
+		DiskDriver:    DiskDriverVirtioBlk,
+		KernelCmdline: "console=ttyS0",
+		Sandbox:       true,
+		BootTimeout:   "60s",
+	}
+}
+
+// PathFrom picks the config path: explicit (runtime option ConfigPath) > $VMSHIM_CONFIG > DefaultPath.
+func PathFrom(explicit string) string {
+	if explicit != "" {
+		return explicit
+	}
+	if p := os.Getenv(EnvPath); p != "" {
+		return p
+	}
+	return DefaultPath
+}
+
+// Load reads the file at path over Default(), strictly, and validates the result.
+// A missing file at DefaultPath (and only there) yields Default().
+func Load(path string) (Config, error) {
+	cfg := Default()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			if filepath.Clean(path) == DefaultPath {
+				return cfg, nil
+			}
+			return Config{}, errdefs.ErrNotFound.WithMessage(fmt.Sprintf("config %s: file does not exist", path))
+		}
+		return Config{}, fmt.Errorf("config %s: %w", path, errdefs.ErrFailedPrecondition.WithMessage(oneLine(err.Error())))
+	}
+	md, err := toml.Decode(string(data), &cfg)
+	if err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, invalidf("%s", oneLine(err.Error())))
+	}
+	if keys := unknownKeys(md.Undecoded()); len(keys) > 0 {
+		word := "key"
+		if len(keys) > 1 {
+			word = "keys"
+		}
+		return Config{}, fmt.Errorf("config %s: %w", path, invalidf("unknown %s %s", word, strings.Join(keys, ", ")))
+	}
+	if err := cfg.validate(); err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// unknownKeys lists undecoded keys, quoted and sorted, leaving out keys
+// whose table is itself unknown.
+func unknownKeys(undecoded []toml.Key) []string {
+	seen := make(map[string]bool, len(undecoded))
+	for _, k := range undecoded {
+		seen[k.String()] = true
+	}
+	var out []string
+	for _, k := range undecoded {
+		parentUnknown := false
+		for i := 1; i < len(k); i++ {
+			if seen[toml.Key(k[:i]).String()] {
+				parentUnknown = true
+				break
+			}
+		}
+		if !parentUnknown {
+			out = append(out, fmt.Sprintf("%q", k.String()))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Validate checks every value and names the key of each invalid one.
+func (c Config) Validate() error {
+	if err := c.validate(); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	return nil
+}
+
+func (c Config) validate() error {
+	var problems []string
+	add := func(key, format string, args ...any) {
+		problems = append(problems, key+": "+fmt.Sprintf(format, args...))
+	}
+	for key, v := range map[string]string{"qemu_binary": c.QEMUBinary, "qemu_img": c.QEMUImg} {
+		if msg := checkCommand(v); msg != "" {
+			add(key, "%s", msg)
+		}
+	}
+	if !oneOf(c.Accel, AccelAuto, AccelKVM, AccelTCG) {
+		add("accel", "%q is not one of auto, kvm, tcg", c.Accel)
+	}
+	if c.MaxVCPUs < 1 || c.MaxVCPUs > vcpuLimit {
+		add("max_vcpus", "%d is not in 1..%d", c.MaxVCPUs, vcpuLimit)
+	} else if c.DefaultVCPUs < 1 || c.DefaultVCPUs > c.MaxVCPUs {
+		add("default_vcpus", "%d is not in 1..%d (max_vcpus)", c.DefaultVCPUs, c.MaxVCPUs)
+	}
+	maxMem, err := parseBytes(c.MaxMemory)
+	switch {
+	case err != nil:
+		add("max_memory", "%v", err)
+	case maxMem < MinMemory:
+		add("max_memory", "%q is less than 64Mi", c.MaxMemory)
+	default:
+		if mem, err := parseBytes(c.DefaultMemory); err != nil {
+			add("default_memory", "%v", err)
+		} else if mem < MinMemory || mem > maxMem {
+			add("default_memory", "%q is not in 64Mi..%s (max_memory)", c.DefaultMemory, c.MaxMemory)
+		}
+	}
+	if size, err := parseBytes(c.MaxDiskSize); err != nil {
+		add("max_disk_size", "%v", err)
+	} else if size == 0 {
+		add("max_disk_size", "%q must be greater than zero", c.MaxDiskSize)
+	}
+	if !validDiskDriver(c.DiskDriver) {
+		add("disk_driver", "%q is not one of virtio-blk, virtio-scsi, nvme", c.DiskDriver)
+	}
+	if msg := checkCmdline(c.KernelCmdline); msg != "" {
+		add("kernel_cmdline", "%s", msg)
+	}
+	if d, err := time.ParseDuration(c.BootTimeout); err != nil {
+		add("boot_timeout", "%q is not a duration (e.g. 60s)", c.BootTimeout)
+	} else if d <= 0 {
+		add("boot_timeout", "%q must be greater than zero", c.BootTimeout)
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	sort.Strings(problems)
+	return invalidf("%s", strings.Join(problems, "; "))
+}
+
+// bootTimeout returns the validated boot_timeout.
+func (c Config) bootTimeout() time.Duration {
+	d, _ := time.ParseDuration(c.BootTimeout)
+	return d
+}
+
+func checkCommand(v string) string {
+	switch {
+	case v == "":
+		return "must not be empty"
+	case strings.ContainsAny(v, "\x00\n"):
+		return fmt.Sprintf("%q contains a newline or NUL", v)
+	case strings.Contains(v, "/") && !filepath.IsAbs(v):
+		return fmt.Sprintf("%q must be a command name or an absolute path", v)
+	}
+	return ""
+}
+
+func checkCmdline(v string) string {
+	switch {
+	case strings.ContainsAny(v, "\x00\n\r"):
+		return "contains a newline or NUL"
+	case len(v) > maxCmdline:
+		return fmt.Sprintf("%d bytes, more than %d", len(v), maxCmdline)
+	}
+	return ""
+}
+
+func validDiskDriver(v string) bool {
+	return oneOf(v, DiskDriverVirtioBlk, DiskDriverVirtioSCSI, DiskDriverNVMe)
+}
+
+func oneOf(v string, allowed ...string) bool {
+	for _, a := range allowed {
+		if v == a {
+			return true
+		}
+	}
+	return false
+}
+
+// parseBytes parses a non-negative Kubernetes quantity into bytes (rounded up).
+func parseBytes(s string) (int64, error) {
+	q, err := resource.ParseQuantity(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a quantity (e.g. 512Mi)", s)
+	}
+	if q.Sign() < 0 {
+		return 0, fmt.Errorf("%q is negative", s)
+	}
+	// ParseQuantity clamps huge binary-SI values to MaxInt64, so reaching it means too large.
+	if q.Cmp(*resource.NewQuantity(math.MaxInt64, resource.BinarySI)) >= 0 {
+		return 0, fmt.Errorf("%q is too large", s)
+	}
+	return q.Value(), nil
+}
+
+// mustBytes parses a quantity that validate has already accepted.
+func mustBytes(s string) int64 {
+	n, _ := parseBytes(s)
+	return n
+}
+
+// invalidf returns a one-line error that is errdefs.ErrInvalidArgument.
+func invalidf(format string, args ...any) error {
+	return errdefs.ErrInvalidArgument.WithMessage(fmt.Sprintf(format, args...))
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// MaxDiskBytes is max_disk_size in bytes; call it on a validated Config.
+func (c Config) MaxDiskBytes() int64 {
+	return mustBytes(c.MaxDiskSize)
+}

@@ -1,0 +1,178 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+)
+
+func writeConfig(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestDefaultIsValid(t *testing.T) {
+	d := Default()
+	if err := d.Validate(); err != nil {
+		t.Fatalf("Default().Validate() = %v", err)
+	}
+	want := Config{
+		QEMUBinary: "qemu-system-x86_64", QEMUImg: "qemu-img", Accel: "auto",
+		DefaultVCPUs: 1, DefaultMemory: "512Mi", MaxVCPUs: 16, MaxMemory: "16Gi",
+		MaxDiskSize: "256Gi", DiskDriver: "virtio-blk", KernelCmdline: "console=ttyS0",
+		Sandbox: true, BootTimeout: "60s",
+	}
+	if d != want {
+		t.Fatalf("Default() = %+v, want %+v", d, want)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	tests := []struct {
+		name    string
+		body    string
+		want    func(*Config) // applied to Default()
+		wantErr string        // substring; "" = success
+	}{
+		{name: "empty file", body: "", want: func(*Config) {}},
+		{
+			name: "overrides",
+			body: `qemu_binary = "/usr/bin/qemu-system-x86_64"
+qemu_img = "/usr/bin/qemu-img"
+accel = "tcg"
+default_vcpus = 2
+default_memory = "1Gi"
+max_vcpus = 4
+max_memory = "2Gi"
+max_disk_size = "20Gi"
+disk_driver = "nvme"
+kernel_cmdline = "console=ttyS0 quiet"
+sandbox = false
+boot_timeout = "2m"
+`,
+			want: func(c *Config) {
+				*c = Config{
+					QEMUBinary: "/usr/bin/qemu-system-x86_64", QEMUImg: "/usr/bin/qemu-img", Accel: "tcg",
+					DefaultVCPUs: 2, DefaultMemory: "1Gi", MaxVCPUs: 4, MaxMemory: "2Gi",
+					MaxDiskSize: "20Gi", DiskDriver: "nvme", KernelCmdline: "console=ttyS0 quiet",
+					Sandbox: false, BootTimeout: "2m",
+				}
+			},
+		},
+		{name: "partial override keeps defaults", body: "accel = \"kvm\"\n", want: func(c *Config) { c.Accel = "kvm" }},
+		{name: "unknown key", body: "accel = \"tcg\"\nfoo = 1\n", wantErr: `unknown key "foo"`},
+		{name: "unknown keys", body: "foo = 1\nbar = 2\n", wantErr: `unknown keys "bar", "foo"`},
+		{name: "unknown table", body: "[extra]\nx = 1\n", wantErr: `unknown key "extra"`},
+		{name: "syntax error", body: "accel = \n", wantErr: "toml: line 1"},
+		{name: "wrong type", body: "default_vcpus = \"two\"\n", wantErr: "default_vcpus"},
+		{name: "bad accel", body: `accel = "hvf"`, wantErr: `accel: "hvf" is not one of auto, kvm, tcg`},
+		{name: "zero vcpus", body: `default_vcpus = 0`, wantErr: "default_vcpus: 0 is not in 1..16"},
+		{name: "default above max vcpus", body: "default_vcpus = 8\nmax_vcpus = 4", wantErr: "default_vcpus: 8 is not in 1..4"},
+		{name: "bad max vcpus", body: `max_vcpus = 0`, wantErr: "max_vcpus: 0 is not in 1..288"},
+		{name: "bad default memory", body: `default_memory = "lots"`, wantErr: `default_memory: "lots" is not a quantity`},
+		{name: "small default memory", body: `default_memory = "32Mi"`, wantErr: `default_memory: "32Mi" is not in 64Mi..16Gi`},
+		{name: "default memory above max", body: `default_memory = "32Gi"`, wantErr: `default_memory: "32Gi" is not in 64Mi..16Gi`},
+		{name: "negative max memory", body: `max_memory = "-1Gi"`, wantErr: `max_memory: "-1Gi" is negative`},
+		{name: "small max memory", body: `max_memory = "1Mi"`, wantErr: `max_memory: "1Mi" is less than 64Mi`},
+		{name: "huge max disk", body: `max_disk_size = "100Ei"`, wantErr: `max_disk_size: "100Ei" is too large`},
+		{name: "huge max memory", body: `max_memory = "1e30"`, wantErr: `max_memory: "1e30" is too large`},
+		{name: "zero max disk", body: `max_disk_size = "0"`, wantErr: `max_disk_size: "0" must be greater than zero`},
+		{name: "bad disk driver", body: `disk_driver = "ide"`, wantErr: `disk_driver: "ide" is not one of`},
+		{name: "cmdline newline", body: `kernel_cmdline = "a\nb"`, wantErr: "kernel_cmdline: contains a newline"},
+		{name: "cmdline long", body: `kernel_cmdline = "` + strings.Repeat("a", 5000) + `"`, wantErr: "kernel_cmdline: 5000 bytes"},
+		{name: "bad duration", body: `boot_timeout = "soon"`, wantErr: `boot_timeout: "soon" is not a duration`},
+		{name: "zero duration", body: `boot_timeout = "0s"`, wantErr: `boot_timeout: "0s" must be greater than zero`},
+		{name: "empty qemu", body: `qemu_binary = ""`, wantErr: "qemu_binary: must not be empty"},
+		{name: "relative qemu-img", body: `qemu_img = "bin/qemu-img"`, wantErr: `qemu_img: "bin/qemu-img" must be a command name or an absolute path`},
+		{name: "several problems", body: "accel = \"x\"\ndisk_driver = \"y\"", wantErr: `accel: "x" is not one of auto, kvm, tcg; disk_driver: "y"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := writeConfig(t, tc.body)
+			got, err := Load(p)
+			if tc.wantErr != "" {
+				if err == nil {
+					t.Fatalf("Load() = %+v, want error containing %q", got, tc.wantErr)
+				}
+				if !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Load() error = %q, want it to contain %q", err, tc.wantErr)
+				}
+				if !strings.HasPrefix(err.Error(), "config "+p+": ") {
+					t.Errorf("Load() error = %q, want it to name the file", err)
+				}
+				if strings.Contains(err.Error(), "\n") {
+					t.Errorf("Load() error is not one line: %q", err)
+				}
+				if !errdefs.IsInvalidArgument(err) {
+					t.Errorf("Load() error %q is not ErrInvalidArgument", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Load() error = %v", err)
+			}
+			want := Default()
+			tc.want(&want)
+			if got != want {
+				t.Fatalf("Load() = %+v, want %+v", got, want)
+			}
+		})
+	}
+}
+
+func TestLoadMissing(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "nope.toml")
+	_, err := Load(p)
+	if err == nil || !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), p) {
+		t.Fatalf("Load(missing) error = %v, want not-found naming %s", err, p)
+	}
+	if _, err := os.Stat(DefaultPath); errors.Is(err, os.ErrNotExist) {
+		got, err := Load(DefaultPath)
+		if err != nil || got != Default() {
+			t.Fatalf("Load(DefaultPath) = %+v, %v; want Default()", got, err)
+		}
+	}
+}
+
+func TestLoadUnreadable(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), dir) {
+		t.Fatalf("Load(directory) error = %v, want an error naming %s", err, dir)
+	}
+}
+
+func TestPathFrom(t *testing.T) {
+	tests := []struct {
+		name, explicit, env, want string
+	}{
+		{name: "default", want: DefaultPath},
+		{name: "env", env: "/env/config.toml", want: "/env/config.toml"},
+		{name: "explicit beats env", explicit: "/opt/config.toml", env: "/env/config.toml", want: "/opt/config.toml"},
+		{name: "explicit", explicit: "/opt/config.toml", want: "/opt/config.toml"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(EnvPath, tc.env)
+			if got := PathFrom(tc.explicit); got != tc.want {
+				t.Fatalf("PathFrom(%q) with %s=%q = %q, want %q", tc.explicit, EnvPath, tc.env, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestValidatePrefix(t *testing.T) {
+	c := Default()
+	c.Accel = "fast"
+	err := c.Validate()
+	if err == nil || err.Error() != `config: accel: "fast" is not one of auto, kvm, tcg` || !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("Validate() = %v", err)
+	}
+}

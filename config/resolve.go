@@ -1,0 +1,112 @@
+package config
+
+import (
+	"strings"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// VM is the validated description of the VM a container asks for.
+type VM struct {
+	ID                string
+	Hostname          string // spec.Hostname
+	VCPUs             int
+	MemoryMiB         int
+	DiskDriver        string
+	RootDiskSize      int64 // bytes; 0 = keep the image's size
+	UserData          string
+	SSHAuthorizedKeys []string
+	KernelCmdline     string   // cfg.KernelCmdline + " " + annotation (trimmed)
+	Env               []string // spec.Process.Env
+	BootTimeout       time.Duration
+}
+
+// Resolve combines cfg, the vmshim.io/* annotations and the resource limits of
+// spec into the VM container id asks for; precedence is annotation > spec limit > cfg default.
+func Resolve(cfg Config, id string, spec *specs.Spec) (*VM, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if id == "" {
+		return nil, invalidf("container id is empty")
+	}
+	if spec == nil {
+		return nil, invalidf("container %s: no runtime spec", id)
+	}
+	ann, err := parseAnnotations(cfg, spec.Annotations)
+	if err != nil {
+		return nil, err
+	}
+	vm := &VM{
+		ID:                id,
+		Hostname:          spec.Hostname,
+		DiskDriver:        cfg.DiskDriver,
+		RootDiskSize:      ann.rootDiskSize,
+		UserData:          ann.userData,
+		SSHAuthorizedKeys: ann.sshKeys,
+		KernelCmdline:     cfg.KernelCmdline,
+		BootTimeout:       cfg.bootTimeout(),
+	}
+	if ann.diskDriver != "" {
+		vm.DiskDriver = ann.diskDriver
+	}
+	if ann.kernelCmdline != "" {
+		vm.KernelCmdline = strings.TrimSpace(cfg.KernelCmdline + " " + ann.kernelCmdline)
+	}
+	if spec.Process != nil && len(spec.Process.Env) > 0 {
+		vm.Env = append([]string(nil), spec.Process.Env...)
+	}
+	if vm.VCPUs, err = resolveVCPUs(cfg, ann, spec); err != nil {
+		return nil, err
+	}
+	memBytes, err := resolveMemory(cfg, ann, spec)
+	if err != nil {
+		return nil, err
+	}
+	vm.MemoryMiB = int(memBytes >> 20)
+	return vm, nil
+}
+
+// resolveVCPUs picks the annotation, else the CPU limit rounded up, else the default.
+func resolveVCPUs(cfg Config, ann annotations, spec *specs.Spec) (int, error) {
+	if ann.vcpus > 0 {
+		return ann.vcpus, nil
+	}
+	if spec.Linux == nil || spec.Linux.Resources == nil || spec.Linux.Resources.CPU == nil {
+		return cfg.DefaultVCPUs, nil
+	}
+	cpu := spec.Linux.Resources.CPU
+	if cpu.Quota == nil || *cpu.Quota <= 0 || cpu.Period == nil || *cpu.Period == 0 {
+		return cfg.DefaultVCPUs, nil
+	}
+	quota, period := uint64(*cpu.Quota), *cpu.Period
+	n := quota / period
+	if quota%period != 0 {
+		n++
+	}
+	if n > uint64(cfg.MaxVCPUs) {
+		return 0, invalidf("spec linux.resources.cpu: quota %d / period %d gives %d vcpus, more than %d (max_vcpus)",
+			quota, period, n, cfg.MaxVCPUs)
+	}
+	return int(n), nil
+}
+
+// resolveMemory picks the annotation, else the memory limit, else the default, in bytes.
+func resolveMemory(cfg Config, ann annotations, spec *specs.Spec) (int64, error) {
+	if ann.memoryBytes > 0 {
+		return ann.memoryBytes, nil
+	}
+	if spec.Linux == nil || spec.Linux.Resources == nil || spec.Linux.Resources.Memory == nil ||
+		spec.Linux.Resources.Memory.Limit == nil || *spec.Linux.Resources.Memory.Limit <= 0 {
+		return mustBytes(cfg.DefaultMemory), nil
+	}
+	limit := *spec.Linux.Resources.Memory.Limit
+	if limit < MinMemory {
+		return 0, invalidf("spec linux.resources.memory.limit: %d bytes is less than 64Mi", limit)
+	}
+	if limit > mustBytes(cfg.MaxMemory) {
+		return 0, invalidf("spec linux.resources.memory.limit: %d bytes is more than %s (max_memory)", limit, cfg.MaxMemory)
+	}
+	return limit, nil
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs what vmshim's demo and tests need on a Debian 12 machine:
+# Debian packages, and containerd built with `go install` into the tools dir.
+# Idempotent: a second run installs and builds nothing.
+set -euo pipefail
+
+CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
+CACHE=${VMSHIM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vmshim}
+TOOLS=$CACHE/tools/containerd-$CONTAINERD_VERSION
+
+PACKAGES=(
+	qemu-system-x86 qemu-utils         # the VMMs and qcow2 tooling
+	busybox-static cpio                # test-guest initramfs
+	syslinux syslinux-common mtools fdisk dosfstools  # bootable test disk, no loop devices
+	containernetworking-plugins iproute2 iptables     # CNI for pod networking
+	util-linux procps kmod
+)
+
+log() { echo "setup: $*" >&2; }
+
+apt_install() {
+	local missing=()
+	for p in "$@"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+	done
+	[ ${#missing[@]} -eq 0 ] && return 0
+	log "installing Debian packages: ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	for attempt in 1 2; do
+		if apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+			return 0
+		fi
+		log "apt-get failed (attempt $attempt)"
+		sleep 5
+	done
+	return 1
+}
+
+apt_install "${PACKAGES[@]}"
+
+if [ ! -x "$TOOLS/containerd" ] || [ ! -x "$TOOLS/ctr" ]; then
+	log "building containerd $CONTAINERD_VERSION into $TOOLS"
+	mkdir -p "$TOOLS"
+	GOBIN=$TOOLS CGO_ENABLED=0 GOFLAGS=-buildvcs=false \
+		go install "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
+		"github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION"
+fi
+echo "$TOOLS"
