@@ -1,0 +1,232 @@
+package image
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	securejoin "github.com/cyphar/filepath-securejoin"
+)
+
+// Disk formats Find pins; QEMU is always told the format, never left to probe it.
+const (
+	FormatQCOW2 = "qcow2"
+	FormatRaw   = "raw"
+)
+
+// Boot says how the VM in a rootfs boots. Paths are absolute host paths inside rootfs.
+type Boot struct {
+	Disk   string // disk image, or "" for kernel boot
+	Format string // "qcow2" | "raw" (pinned, from the file's header — never probed by QEMU)
+	Kernel string // kernel for direct boot (when Disk == "")
+	Initrd string // optional
+	Root   string // the rootfs the paths were found in; used to name files in errors
+}
+
+// noDisk is the message of the error Find returns when the rootfs holds no VM.
+const noDisk = "no VM disk in image: expected a disk file under /disk/ or at /, or a kernel under /boot/"
+
+// Find looks for the VM in rootfs: one disk file under /disk/, else one at /
+// (*.qcow2, *.img, *.raw), else a kernel (and optional initrd) under /boot/.
+// Symlinks are resolved inside rootfs and the final file must be a regular file.
+func Find(rootfs string) (*Boot, error) {
+	if !filepath.IsAbs(rootfs) {
+		return nil, invalidf("rootfs %q: not an absolute path", rootfs)
+	}
+	root := filepath.Clean(rootfs)
+	if fi, err := os.Stat(root); err != nil || !fi.IsDir() {
+		return nil, notFoundf("rootfs %s: not a directory", root)
+	}
+	layouts := []struct {
+		dir   string
+		match func(string) bool
+	}{
+		{"/disk", func(string) bool { return true }},
+		{"/", func(name string) bool {
+			return strings.HasSuffix(name, ".qcow2") || strings.HasSuffix(name, ".img") || strings.HasSuffix(name, ".raw")
+		}},
+	}
+	for _, l := range layouts {
+		found, err := candidates(root, l.dir, l.match)
+		if err != nil {
+			return nil, err
+		}
+		switch len(found) {
+		case 0:
+			continue
+		case 1:
+			return findDisk(root, found[0])
+		default:
+			return nil, invalidf("more than one disk file in image: %s", strings.Join(found, ", "))
+		}
+	}
+	return findKernel(root)
+}
+
+// findDisk resolves the disk at rel and pins its format from the header.
+func findDisk(root, rel string) (*Boot, error) {
+	p, err := resolveFile(root, "disk", rel)
+	if err != nil {
+		return nil, err
+	}
+	format, err := detectFile(p)
+	if err != nil {
+		return nil, fmt.Errorf("disk %s: %w", rel, err)
+	}
+	return &Boot{Disk: p, Format: format, Root: root}, nil
+}
+
+// findKernel looks under /boot/, preferring an uncompressed vmlinux.
+func findKernel(root string) (*Boot, error) {
+	var kernel string
+	for _, prefix := range []string{"vmlinux", "vmlinuz", "bzImage"} {
+		found, err := candidates(root, "/boot", prefixMatch(prefix))
+		if err != nil {
+			return nil, err
+		}
+		if len(found) > 1 {
+			return nil, invalidf("more than one kernel in image: %s", strings.Join(found, ", "))
+		}
+		if len(found) == 1 {
+			kernel = found[0]
+			break
+		}
+	}
+	if kernel == "" {
+		return nil, notFoundf("%s", noDisk)
+	}
+	b := &Boot{Root: root}
+	var err error
+	if b.Kernel, err = resolveNonEmpty(root, "kernel", kernel); err != nil {
+		return nil, err
+	}
+	initrds, err := candidates(root, "/boot", func(name string) bool {
+		return strings.HasPrefix(name, "initrd") || strings.HasPrefix(name, "initramfs")
+	})
+	if err != nil {
+		return nil, err
+	}
+	switch len(initrds) {
+	case 0:
+	case 1:
+		if b.Initrd, err = resolveNonEmpty(root, "initrd", initrds[0]); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, invalidf("more than one initrd in image: %s", strings.Join(initrds, ", "))
+	}
+	return b, nil
+}
+
+func prefixMatch(prefix string) func(string) bool {
+	return func(name string) bool { return strings.HasPrefix(name, prefix) }
+}
+
+// candidates lists, as rootfs-relative paths, the non-hidden entries of dir
+// (itself resolved inside root) whose names match. A missing dir gives none.
+func candidates(root, dir string, match func(string) bool) ([]string, error) {
+	p, err := securejoin.SecureJoin(root, dir)
+	if err != nil {
+		return nil, invalidf("image %s: %v", dir, pathErr(err))
+	}
+	fi, err := os.Lstat(p)
+	if errors.Is(err, fs.ErrNotExist) || (err == nil && !fi.IsDir()) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", dir, pathErr(err))
+	}
+	entries, err := os.ReadDir(p)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", dir, pathErr(err))
+	}
+	var out []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".") || !match(e.Name()) {
+			continue
+		}
+		out = append(out, path.Join(dir, e.Name()))
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// resolveFile resolves rel inside root and requires a regular file.
+func resolveFile(root, what, rel string) (string, error) {
+	p, err := securejoin.SecureJoin(root, rel)
+	if err != nil {
+		return "", invalidf("%s %s: %v", what, rel, pathErr(err))
+	}
+	fi, err := os.Lstat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", notFoundf("%s %s: points to %s, which is not in the image", what, rel, relTo(root, p))
+	}
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w", what, rel, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return "", invalidf("%s %s: not a regular file (%s)", what, rel, fileKind(fi.Mode()))
+	}
+	return p, nil
+}
+
+// resolveNonEmpty is resolveFile for a file that must not be empty.
+func resolveNonEmpty(root, what, rel string) (string, error) {
+	p, err := resolveFile(root, what, rel)
+	if err != nil {
+		return "", err
+	}
+	if fi, err := os.Stat(p); err != nil || fi.Size() == 0 {
+		return "", invalidf("%s %s: empty file", what, rel)
+	}
+	return p, nil
+}
+
+// pathErr drops the host path from a *fs.PathError; the caller names the file.
+func pathErr(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m&fs.ModeSymlink != 0:
+		return "symlink"
+	case m&fs.ModeCharDevice != 0:
+		return "character device"
+	case m&fs.ModeDevice != 0:
+		return "block device"
+	case m&fs.ModeNamedPipe != 0:
+		return "fifo"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	}
+	return "special file"
+}
+
+// relTo names p as a path inside root ("/disk/vm.qcow2") when it is under root.
+func relTo(root, p string) string {
+	if root == "" {
+		return p
+	}
+	r, err := filepath.Rel(root, p)
+	if err != nil || r == ".." || strings.HasPrefix(r, "../") {
+		return p
+	}
+	return "/" + filepath.ToSlash(r)
+}
+
+// name returns p as a path inside the rootfs when Root is set.
+func (b *Boot) name(p string) string {
+	return relTo(b.Root, p)
+}
