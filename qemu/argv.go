@@ -1,0 +1,260 @@
+package qemu
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Names QEMU sees for the objects BuildArgs creates.
+const (
+	// MachineType is the QEMU machine every VM uses.
+	MachineType = "q35"
+	// ConsoleChardev is the chardev id of the guest's first serial port.
+	ConsoleChardev = "console"
+	// QMPChardev is the chardev id of the QMP monitor socket.
+	QMPChardev = "qmp"
+	// SCSIController is the id of the virtio-scsi controller.
+	SCSIController = "scsi0"
+	// AgentChardev is the chardev id of the guest agent channel.
+	AgentChardev = "agent"
+	// AgentPortName is the virtio-serial port name qemu-guest-agent opens.
+	AgentPortName = "org.qemu.guest_agent.0"
+	// SerialController is the id of the virtio-serial controller.
+	SerialController = "vser0"
+)
+
+// sandboxOptions confine QEMU with seccomp: no obsolete syscalls, no setuid,
+// no fork/exec, no scheduler or resource limit changes.
+const sandboxOptions = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+
+// tcgThreading is the TCG threading mode; multi runs one host thread per vCPU.
+const tcgThreading = "multi"
+
+// escapeOpt escapes a value for QEMU's comma-separated option syntax, where a
+// literal comma is written as two.
+func escapeOpt(s string) string {
+	return strings.ReplaceAll(s, ",", ",,")
+}
+
+// opts renders key=value pairs as one QEMU option string, escaping values.
+// A pair with an empty key is a bare leading word such as a driver name.
+type opts []string
+
+func (o opts) add(key, value string) opts {
+	if key == "" {
+		return append(o, escapeOpt(value))
+	}
+	return append(o, key+"="+escapeOpt(value))
+}
+
+// String joins the options with commas.
+func (o opts) String() string { return strings.Join(o, ",") }
+
+// FileNode is the node name of a drive's protocol (file) layer.
+func FileNode(driveID string) string { return "file-" + driveID }
+
+// DiskNode is the node name of a drive's format layer, the one its device uses.
+func DiskNode(driveID string) string { return "disk-" + driveID }
+
+// BaseFileNode is the node name of a drive's backing file layer.
+func BaseFileNode(driveID string) string { return "bfile-" + driveID }
+
+// BaseNode is the node name of a drive's backing format layer.
+func BaseNode(driveID string) string { return "base-" + driveID }
+
+// DeviceID is the qdev id of a drive's guest device.
+func DeviceID(driveID string) string { return "dev-" + driveID }
+
+// NetdevID is the id of a NIC's tap backend.
+func NetdevID(nicID string) string { return "net-" + nicID }
+
+// NICDeviceID is the qdev id of a NIC's guest device.
+func NICDeviceID(nicID string) string { return "nic-" + nicID }
+
+// BuildArgs validates s and returns QEMU's argv without argv[0].
+func BuildArgs(s Spec) ([]string, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	args := []string{
+		"-name", opts{}.add("guest", s.Name).String(),
+		"-nodefaults", "-no-user-config",
+		"-display", "none",
+		"-machine", MachineType,
+	}
+	switch s.Accel {
+	case AccelKVM:
+		args = append(args, "-accel", "kvm", "-cpu", "host")
+	default:
+		args = append(args, "-accel", "tcg,thread="+tcgThreading, "-cpu", "max")
+	}
+	args = append(args,
+		"-smp", strconv.Itoa(s.CPUs),
+		"-m", strconv.Itoa(s.MemoryMiB)+"M",
+		"-chardev", opts{"socket", "id=" + QMPChardev}.add("path", s.QMPSocket).add("server", "on").add("wait", "off").String(),
+		"-mon", "chardev="+QMPChardev+",mode=control",
+	)
+	if s.ConsoleFD != 0 {
+		args = append(args,
+			"-chardev", fmt.Sprintf("socket,id=%s,fd=%d", ConsoleChardev, s.ConsoleFD),
+			"-serial", "chardev:"+ConsoleChardev,
+		)
+	}
+	if s.AgentSocket != "" {
+		args = append(args,
+			"-device", "virtio-serial-pci,id="+SerialController,
+			"-chardev", opts{"socket", "id=" + AgentChardev}.add("path", s.AgentSocket).add("server", "on").add("wait", "off").String(),
+			"-device", "virtserialport,bus="+SerialController+".0,chardev="+AgentChardev+",name="+AgentPortName,
+		)
+	}
+	// A guest panic reported through pvpanic makes QEMU exit non-zero.
+	args = append(args, "-device", "pvpanic", "-action", "panic=exit-failure")
+	if s.Sandbox {
+		args = append(args, "-sandbox", sandboxOptions)
+	}
+	if s.Paused {
+		args = append(args, "-S")
+	}
+	// -kernel, -initrd and -append take their value verbatim, not as an
+	// option list, so commas are not doubled there.
+	if s.Kernel != "" {
+		args = append(args, "-kernel", s.Kernel)
+		if s.Initrd != "" {
+			args = append(args, "-initrd", s.Initrd)
+		}
+		if s.Append != "" {
+			args = append(args, "-append", s.Append)
+		}
+	}
+	args = append(args, driveArgs(s.Drives)...)
+	for _, n := range s.NICs {
+		args = append(args, nicArgs(n)...)
+	}
+	return args, nil
+}
+
+// driveArgs renders the block nodes and devices for validated drives.
+func driveArgs(drives []Drive) []string {
+	var args []string
+	scsi := false
+	for _, d := range drives {
+		args = append(args, blockdevArgs(d)...)
+		driver := d.Driver
+		if driver == "" {
+			driver = DriverVirtioBlk
+		}
+		if driver == DriverVirtioSCSI && !scsi {
+			args = append(args, "-device", "virtio-scsi-pci,id="+SCSIController)
+			scsi = true
+		}
+		args = append(args, "-device", deviceOpts(d, driver).String())
+	}
+	return args
+}
+
+// blockdevArgs renders a drive's -blockdev options: an optional read-only
+// base (file + format node), then the top file node and format node.
+//
+// -blockdev takes JSON here: it needs no escaping, and it is the only syntax
+// for "backing": null. Every qcow2 node names its backing explicitly (the
+// base node, or null), so QEMU never opens a backing file named in an image.
+func blockdevArgs(d Drive) []string {
+	var args []string
+	top := formatNode(DiskNode(d.ID), FileNode(d.ID), d.Format, d.ReadOnly)
+	if d.BackingPath != "" {
+		base := formatNode(BaseNode(d.ID), BaseFileNode(d.ID), d.BackingFormat, true)
+		args = append(args,
+			"-blockdev", fileNode(BaseFileNode(d.ID), d.BackingPath, true).String(),
+			"-blockdev", base.String(),
+		)
+		top.Backing = jsonString(BaseNode(d.ID))
+	}
+	return append(args,
+		"-blockdev", fileNode(FileNode(d.ID), d.Path, d.ReadOnly).String(),
+		"-blockdev", top.String(),
+	)
+}
+
+// blockdev is one -blockdev node; fields are emitted in declaration order.
+type blockdev struct {
+	Driver   string          `json:"driver"`
+	NodeName string          `json:"node-name"`
+	Filename string          `json:"filename,omitempty"`
+	File     string          `json:"file,omitempty"`
+	Backing  json.RawMessage `json:"backing,omitempty"`
+	ReadOnly bool            `json:"read-only,omitempty"`
+	Discard  string          `json:"discard,omitempty"`
+}
+
+// String renders the node as one-line JSON.
+func (b blockdev) String() string {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(b) // plain strings and bools always encode
+	return strings.TrimSuffix(buf.String(), "\n")
+}
+
+func jsonString(s string) json.RawMessage {
+	b, _ := json.Marshal(s)
+	return b
+}
+
+func fileNode(name, path string, readOnly bool) blockdev {
+	return withAccess(blockdev{Driver: "file", NodeName: name, Filename: path}, readOnly)
+}
+
+func formatNode(name, file, format string, readOnly bool) blockdev {
+	b := blockdev{Driver: format, NodeName: name, File: file}
+	if format == FormatQCOW2 {
+		b.Backing = json.RawMessage("null")
+	}
+	return withAccess(b, readOnly)
+}
+
+// withAccess makes a node read-only, or writable with guest discards
+// passed down so a deleted file frees space in the image.
+func withAccess(b blockdev, readOnly bool) blockdev {
+	if readOnly {
+		b.ReadOnly = true
+	} else {
+		b.Discard = "unmap"
+	}
+	return b
+}
+
+func deviceOpts(d Drive, driver string) opts {
+	var o opts
+	serial := d.Serial
+	switch driver {
+	case DriverVirtioSCSI:
+		o = opts{"scsi-hd", "bus=" + SCSIController + ".0"}
+	case DriverNVMe:
+		o = opts{"nvme"}
+		if serial == "" {
+			serial = d.ID
+		}
+	default:
+		o = opts{"virtio-blk-pci"}
+	}
+	o = append(o, "id="+DeviceID(d.ID), "drive="+DiskNode(d.ID))
+	if serial != "" {
+		o = o.add("serial", serial)
+	}
+	if d.BootIndex != 0 {
+		o = append(o, "bootindex="+strconv.Itoa(d.BootIndex))
+	}
+	return o
+}
+
+func nicArgs(n NIC) []string {
+	mac, _ := canonicalMAC(n.MAC) // validated by Spec.Validate
+	return []string{
+		"-netdev", fmt.Sprintf("tap,id=%s,fd=%d", NetdevID(n.ID), n.TapFD),
+		// romfile= drops the PXE option ROM: VMs never boot from the network.
+		"-device", fmt.Sprintf("virtio-net-pci,id=%s,netdev=%s,mac=%s,romfile=", NICDeviceID(n.ID), NetdevID(n.ID), mac),
+	}
+}

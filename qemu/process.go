@@ -1,0 +1,245 @@
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+)
+
+// dialRetry is the pause between attempts to reach QMP while QEMU starts.
+const dialRetry = 20 * time.Millisecond
+
+// outputDrain bounds how long reaping waits for QEMU's output to be copied
+// after it exited (a leaked copy of its stderr must not stall Done).
+const outputDrain = 5 * time.Second
+
+// stderrTailSize is how much of QEMU's latest output is kept for errors.
+const stderrTailSize = 4096
+
+// LaunchConfig is what Launch needs to start one VM.
+type LaunchConfig struct {
+	Binary string     // qemu-system-x86_64 path
+	Spec   Spec       // the VM; Spec.QMPSocket is where Launch connects
+	Files  []*os.File // from FDSet.Files(); the caller keeps and closes its copies
+	Stderr io.Writer  // QEMU's own stderr/stdout; nil discards it
+	Dir    string     // working dir
+}
+
+// VM is a running QEMU process and its QMP connection.
+type VM struct {
+	cmd  *exec.Cmd
+	qmp  *Client
+	done chan struct{}
+
+	// Written once by the waiter before done is closed; read after done.
+	exitCode int
+	exitAt   time.Time
+}
+
+// Launch starts QEMU for cfg.Spec and returns once QMP is ready. QEMU runs
+// in its own process group and without a parent-death signal, so it
+// outlives its parent's restarts. On failure QEMU is killed and reaped, the
+// QMP socket removed, and the error carries QEMU's last output.
+func Launch(ctx context.Context, cfg LaunchConfig) (_ *VM, retErr error) {
+	args, err := BuildArgs(cfg.Spec)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Binary == "" {
+		return nil, fmt.Errorf("invalid qemu binary: must not be empty: %w", errdefs.ErrInvalidArgument)
+	}
+	tail := &tailWriter{max: stderrTailSize}
+	out := io.Writer(tail)
+	if cfg.Stderr != nil {
+		out = io.MultiWriter(cfg.Stderr, tail)
+	}
+	cmd := exec.Command(cfg.Binary, args...)
+	cmd.Dir = cfg.Dir
+	cmd.Stdout = out
+	cmd.Stderr = out
+	cmd.WaitDelay = outputDrain
+	cmd.ExtraFiles = cfg.Files
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err = cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start qemu %s: %w", cfg.Binary, err)
+	}
+	v := &VM{cmd: cmd, done: make(chan struct{})}
+	go v.wait(cfg.Spec.QMPSocket)
+	logger := log.G(ctx).WithField("pid", v.Pid())
+	logger.WithField("args", strings.Join(args, " ")).Debug("qemu started")
+	defer func() {
+		if retErr != nil {
+			_ = v.Kill()
+			<-v.done
+		}
+	}()
+
+	v.qmp, err = v.connect(ctx, cfg.Spec.QMPSocket)
+	if err != nil {
+		select {
+		case <-v.done:
+			code, _ := v.ExitStatus()
+			return nil, fmt.Errorf("qemu exited with status %d before qmp was ready: %s: %w",
+				code, tail.lastLines(3), errdefs.ErrFailedPrecondition)
+		default:
+		}
+		return nil, fmt.Errorf("connect to qemu pid %d: %w (qemu output: %s)", v.Pid(), err, tail.lastLines(3))
+	}
+	logger.Debug("qemu qmp ready")
+	return v, nil
+}
+
+// connect dials QMP until it answers, QEMU exits or ctx ends.
+func (v *VM) connect(ctx context.Context, socket string) (*Client, error) {
+	var lastErr error
+	for {
+		c, err := Dial(ctx, socket)
+		if err == nil {
+			return c, nil
+		}
+		lastErr = err
+		t := time.NewTimer(dialRetry)
+		select {
+		case <-t.C:
+		case <-v.done:
+			t.Stop()
+			return nil, lastErr
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w (last attempt: %v)", ctx.Err(), lastErr)
+		}
+	}
+}
+
+// wait reaps QEMU, records its exit status, and removes its QMP socket. The
+// QMP client closes itself when QEMU's end of the connection goes away.
+func (v *VM) wait(socket string) {
+	_ = v.cmd.Wait()
+	v.exitAt = time.Now()
+	v.exitCode = exitCode(v.cmd.ProcessState)
+	// QEMU does not remove its listening socket when it is killed.
+	_ = os.Remove(socket)
+	close(v.done)
+}
+
+// exitCode maps a process state to a shell-style status: the exit code, or
+// 128+signal when killed by a signal.
+func exitCode(ps *os.ProcessState) int {
+	if ps == nil {
+		return -1
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+// Pid returns QEMU's process id.
+func (v *VM) Pid() int { return v.cmd.Process.Pid }
+
+// QMP returns the VM's QMP client.
+func (v *VM) QMP() *Client { return v.qmp }
+
+// Start runs the vCPUs of a VM launched paused.
+func (v *VM) Start(ctx context.Context) error {
+	if err := v.qmp.Cont(ctx); err != nil {
+		return fmt.Errorf("start vm pid %d: %w", v.Pid(), err)
+	}
+	return nil
+}
+
+// Powerdown presses the guest's ACPI power button.
+func (v *VM) Powerdown(ctx context.Context) error {
+	if err := v.qmp.SystemPowerdown(ctx); err != nil {
+		return fmt.Errorf("power down vm pid %d: %w", v.Pid(), err)
+	}
+	return nil
+}
+
+// Pause stops the vCPUs.
+func (v *VM) Pause(ctx context.Context) error {
+	if err := v.qmp.Stop(ctx); err != nil {
+		return fmt.Errorf("pause vm pid %d: %w", v.Pid(), err)
+	}
+	return nil
+}
+
+// Resume runs the vCPUs again after Pause.
+func (v *VM) Resume(ctx context.Context) error {
+	if err := v.qmp.Cont(ctx); err != nil {
+		return fmt.Errorf("resume vm pid %d: %w", v.Pid(), err)
+	}
+	return nil
+}
+
+// Kill sends SIGKILL to QEMU; it is a no-op once QEMU has been reaped.
+func (v *VM) Kill() error {
+	err := v.cmd.Process.Signal(syscall.SIGKILL)
+	if err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("kill qemu pid %d: %w", v.Pid(), err)
+	}
+	return nil
+}
+
+// Done returns a channel closed once QEMU has exited and been reaped.
+func (v *VM) Done() <-chan struct{} { return v.done }
+
+// ExitStatus returns QEMU's exit code (128+signal when killed) and when it
+// was reaped; it is valid once Done is closed and (-1, zero time) before.
+func (v *VM) ExitStatus() (code int, at time.Time) {
+	select {
+	case <-v.done:
+		return v.exitCode, v.exitAt
+	default:
+		return -1, time.Time{}
+	}
+}
+
+// tailWriter keeps the last max bytes written to it.
+type tailWriter struct {
+	max int
+
+	mu  sync.Mutex
+	buf []byte // guarded by mu
+}
+
+// Write keeps the tail of p; it never fails.
+func (t *tailWriter) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if over := len(t.buf) - t.max; over > 0 {
+		t.buf = append(t.buf[:0], t.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+// lastLines returns up to n last non-empty lines joined into one line.
+func (t *tailWriter) lastLines(n int) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var lines []string
+	for _, l := range bytes.Split(t.buf, []byte("\n")) {
+		if s := strings.TrimSpace(strings.ToValidUTF8(string(l), "?")); s != "" {
+			lines = append(lines, s)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	if len(lines) == 0 {
+		return "no output"
+	}
+	return strings.Join(lines, " | ")
+}

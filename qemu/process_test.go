@@ -1,0 +1,228 @@
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+// testSpec is a small TCG VM with its QMP socket in dir.
+func testSpec(dir string) Spec {
+	return Spec{
+		Name:      "test-vm",
+		Accel:     AccelTCG,
+		CPUs:      1,
+		MemoryMiB: 64,
+		QMPSocket: filepath.Join(dir, "qmp.sock"),
+	}
+}
+
+// fakeQEMU writes an executable shell script standing in for QEMU.
+func fakeQEMU(t *testing.T, script string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "fake-qemu")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+script+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func waitDone(t *testing.T, v *VM) {
+	t.Helper()
+	select {
+	case <-v.Done():
+	case <-time.After(20 * time.Second):
+		v.Kill()
+		t.Fatal("qemu did not exit")
+	}
+}
+
+func TestLaunchStartPauseKill(t *testing.T) {
+	bin := qemuBinary(t)
+	dir := t.TempDir()
+	spec := testSpec(dir)
+	spec.Paused = true
+	spec.AgentSocket = filepath.Join(dir, "agent.sock")
+	var stderr bytes.Buffer
+	ctx := testCtx(t, 20*time.Second)
+	v, err := Launch(ctx, LaunchConfig{Binary: bin, Spec: spec, Stderr: &stderr, Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Kill()
+	if code, at := v.ExitStatus(); code != -1 || !at.IsZero() {
+		t.Errorf("ExitStatus before exit = %d, %v", code, at)
+	}
+	if err := syscall.Kill(v.Pid(), 0); err != nil {
+		t.Fatalf("pid %d: %v", v.Pid(), err)
+	}
+	if pgid, _ := syscall.Getpgid(v.Pid()); pgid != v.Pid() {
+		t.Errorf("qemu process group = %d, want its own (%d)", pgid, v.Pid())
+	}
+	status := func(want string) {
+		t.Helper()
+		st, err := v.QMP().QueryStatus(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Status != want {
+			t.Errorf("status = %+v, want %s", st, want)
+		}
+	}
+	if fi, err := os.Stat(spec.AgentSocket); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Errorf("agent socket: %v, %v", fi, err)
+	}
+	status("prelaunch")
+	if err := v.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	status("running")
+	if err := v.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	status("paused")
+	if err := v.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	status("running")
+	if err := v.Powerdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, v)
+	code, at := v.ExitStatus()
+	if code != 137 {
+		t.Errorf("exit status = %d, want 137; stderr: %s", code, stderr.String())
+	}
+	if at.IsZero() || time.Since(at) > time.Minute {
+		t.Errorf("exit time = %v", at)
+	}
+	if err := v.Kill(); err != nil {
+		t.Errorf("Kill after exit: %v", err)
+	}
+	select {
+	case <-v.QMP().Done():
+	case <-time.After(5 * time.Second):
+		t.Error("qmp client not done after qemu exit")
+	}
+	if _, err := v.QMP().QueryStatus(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("qmp after exit: %v, want ErrClosed", err)
+	}
+	if _, err := os.Stat(spec.QMPSocket); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("qmp socket left behind: %v", err)
+	}
+}
+
+func TestLaunchEarlyExit(t *testing.T) {
+	bin := fakeQEMU(t, `echo "starting" >&2
+echo "qemu-system-x86_64: -blockdev {}: Could not open '/x': No such file or directory" >&2
+exit 3`)
+	dir := t.TempDir()
+	var stderr bytes.Buffer
+	v, err := Launch(testCtx(t, 10*time.Second), LaunchConfig{Binary: bin, Spec: testSpec(dir), Stderr: &stderr})
+	if err == nil {
+		v.Kill()
+		t.Fatal("Launch succeeded")
+	}
+	msg := err.Error()
+	for _, want := range []string{"qemu exited with status 3", "Could not open '/x'", "starting"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q lacks %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "\n") {
+		t.Errorf("error %q spans lines", msg)
+	}
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("error %v is not ErrFailedPrecondition", err)
+	}
+	if !strings.Contains(stderr.String(), "Could not open") {
+		t.Errorf("stderr writer got %q", stderr.String())
+	}
+}
+
+func TestLaunchNeverReady(t *testing.T) {
+	dir := t.TempDir()
+	pidFile := filepath.Join(dir, "pid")
+	bin := fakeQEMU(t, "echo $$ > "+pidFile+"\nexec sleep 60")
+	start := time.Now()
+	v, err := Launch(testCtx(t, 300*time.Millisecond), LaunchConfig{Binary: bin, Spec: testSpec(dir)})
+	if err == nil {
+		v.Kill()
+		t.Fatal("Launch succeeded")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("error = %v, want deadline exceeded", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("Launch took %s", d)
+	}
+	b, rerr := os.ReadFile(pidFile)
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("fake qemu pid %d still exists after failed Launch: %v", pid, err)
+	}
+}
+
+func TestLaunchInvalid(t *testing.T) {
+	dir := t.TempDir()
+	spec := testSpec(dir)
+	spec.CPUs = 0
+	if _, err := Launch(testCtx(t, time.Second), LaunchConfig{Binary: "/bin/true", Spec: spec}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("bad spec: %v", err)
+	}
+	if _, err := Launch(testCtx(t, time.Second), LaunchConfig{Spec: testSpec(dir)}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("no binary: %v", err)
+	}
+	if _, err := Launch(testCtx(t, time.Second), LaunchConfig{Binary: filepath.Join(dir, "missing"), Spec: testSpec(dir)}); err == nil {
+		t.Error("missing binary: no error")
+	}
+}
+
+func TestExitCode(t *testing.T) {
+	for script, want := range map[string]int{
+		"exit 0":        0,
+		"exit 3":        3,
+		"kill -TERM $$": 143,
+		"kill -KILL $$": 137,
+	} {
+		cmd := exec.Command("/bin/sh", "-c", script)
+		_ = cmd.Run()
+		if got := exitCode(cmd.ProcessState); got != want {
+			t.Errorf("%q: exit code %d, want %d", script, got, want)
+		}
+	}
+	if got := exitCode(nil); got != -1 {
+		t.Errorf("nil state: %d", got)
+	}
+}
+
+func TestTailWriter(t *testing.T) {
+	w := &tailWriter{max: 32}
+	if got := w.lastLines(2); got != "no output" {
+		t.Errorf("empty: %q", got)
+	}
+	w.Write([]byte("first line\nsecond\n\n"))
+	w.Write([]byte("third line that is long\nfourth\r\n"))
+	if got := w.lastLines(2); got != "third line that is long | fourth" {
+		t.Errorf("lastLines = %q", got)
+	}
+	if len(w.buf) > 32 {
+		t.Errorf("buffer holds %d bytes", len(w.buf))
+	}
+}

@@ -1,0 +1,422 @@
+package qemu
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+)
+
+// ErrClosed reports that the QMP connection has ended.
+var ErrClosed = errors.New("qmp connection closed")
+
+// EventBuffer is how many events each subscriber may have queued; further
+// events for a subscriber whose queue is full are dropped.
+const EventBuffer = 256
+
+// Event is an asynchronous QMP event.
+type Event struct {
+	Name      string
+	Data      json.RawMessage
+	Timestamp time.Time
+}
+
+// Error is an error reply from QEMU.
+type Error struct {
+	Class string `json:"class"`
+	Desc  string `json:"desc"`
+}
+
+// Error implements error.
+func (e *Error) Error() string { return "qmp error " + e.Class + ": " + e.Desc }
+
+// Unwrap maps the QMP error class to an errdefs sentinel.
+func (e *Error) Unwrap() error {
+	switch e.Class {
+	case "CommandNotFound":
+		return errdefs.ErrNotImplemented
+	case "DeviceNotFound":
+		return errdefs.ErrNotFound
+	case "DeviceNotActive":
+		return errdefs.ErrFailedPrecondition
+	default:
+		return errdefs.ErrUnknown
+	}
+}
+
+// Status is the reply to query-status.
+type Status struct {
+	Running bool   `json:"running"`
+	Status  string `json:"status"`
+}
+
+// Client is a QMP connection. It is safe for concurrent use: one goroutine
+// reads replies and events, and each command is matched to its reply by id.
+type Client struct {
+	conn net.Conn
+	log  *log.Entry
+
+	// wsem serializes writes to conn; it is a channel so waiting honours ctx.
+	wsem chan struct{}
+
+	mu      sync.Mutex
+	nextID  uint64                   // guarded by mu
+	pending map[string]chan response // guarded by mu; replies by command id
+	subs    map[uint64]chan Event    // guarded by mu
+	nextSub uint64                   // guarded by mu
+	err     error                    // guarded by mu; why the connection ended
+
+	greeting  chan struct{} // closed once the greeting has been read
+	done      chan struct{} // closed when the reader has stopped
+	closeOnce sync.Once
+	closeErr  error
+}
+
+type response struct {
+	ret json.RawMessage
+	err *Error
+}
+
+// message is any message QEMU sends.
+type message struct {
+	QMP       json.RawMessage `json:"QMP"`
+	Return    json.RawMessage `json:"return"`
+	Error     *Error          `json:"error"`
+	Event     string          `json:"event"`
+	Data      json.RawMessage `json:"data"`
+	Timestamp *struct {
+		Seconds      int64 `json:"seconds"`
+		Microseconds int64 `json:"microseconds"`
+	} `json:"timestamp"`
+	ID json.RawMessage `json:"id"`
+}
+
+type request struct {
+	Execute   string `json:"execute"`
+	Arguments any    `json:"arguments,omitempty"`
+	ID        string `json:"id"`
+}
+
+// Dial connects to the QMP unix socket at path and negotiates capabilities.
+func Dial(ctx context.Context, path string) (*Client, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("dial qmp %s: %w", path, err)
+	}
+	c, err := NewClient(ctx, conn)
+	if err != nil {
+		return nil, fmt.Errorf("qmp %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// NewClient takes over conn, reads QEMU's greeting and leaves capability
+// negotiation mode. On error conn is closed.
+func NewClient(ctx context.Context, conn net.Conn) (*Client, error) {
+	c := &Client{
+		conn:     conn,
+		log:      log.G(ctx),
+		wsem:     make(chan struct{}, 1),
+		pending:  map[string]chan response{},
+		subs:     map[uint64]chan Event{},
+		greeting: make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	go c.read()
+	select {
+	case <-c.greeting:
+	case <-c.done:
+		return nil, fmt.Errorf("read qmp greeting: %w", c.closedErr())
+	case <-ctx.Done():
+		c.Close()
+		return nil, fmt.Errorf("read qmp greeting: %w", ctx.Err())
+	}
+	if err := c.Execute(ctx, "qmp_capabilities", nil, nil); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Done returns a channel closed when the connection ends.
+func (c *Client) Done() <-chan struct{} { return c.done }
+
+// Close closes the connection and waits for the reader to stop. Pending
+// and later calls fail with ErrClosed.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.closeErr = c.conn.Close()
+	})
+	<-c.done
+	return c.closeErr
+}
+
+func (c *Client) closedErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// read is the only reader of conn. It exits when the connection ends, after
+// failing pending calls and closing every event channel.
+func (c *Client) read() {
+	err := c.readLoop()
+	c.mu.Lock()
+	c.err = fmt.Errorf("%w: %v", ErrClosed, err)
+	for id, sub := range c.subs {
+		close(sub)
+		delete(c.subs, id)
+	}
+	c.mu.Unlock()
+	c.closeOnce.Do(func() { c.closeErr = c.conn.Close() })
+	close(c.done)
+}
+
+func (c *Client) readLoop() error {
+	dec := json.NewDecoder(bufio.NewReader(c.conn))
+	greeted := false
+	for {
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			if errors.Is(err, io.EOF) {
+				return errors.New("eof")
+			}
+			return err
+		}
+		var m message
+		if err := json.Unmarshal(raw, &m); err != nil {
+			return fmt.Errorf("decode qmp message: %w", err)
+		}
+		switch {
+		case !greeted:
+			if m.QMP == nil {
+				return fmt.Errorf("qmp greeting expected, got %.100s", raw)
+			}
+			greeted = true
+			close(c.greeting)
+		case m.Event != "":
+			c.publish(m)
+		case m.Return != nil || m.Error != nil:
+			c.reply(m)
+		default:
+			c.log.WithField("message", string(raw)).Debug("ignoring unexpected qmp message")
+		}
+	}
+}
+
+func (c *Client) reply(m message) {
+	var id string
+	if err := json.Unmarshal(m.ID, &id); err != nil {
+		c.log.WithField("id", string(m.ID)).Debug("ignoring qmp reply without a known id")
+		return
+	}
+	c.mu.Lock()
+	ch, ok := c.pending[id]
+	delete(c.pending, id)
+	c.mu.Unlock()
+	if !ok {
+		// The caller gave up (its context ended); the reply is discarded.
+		return
+	}
+	ch <- response{ret: m.Return, err: m.Error}
+}
+
+func (c *Client) publish(m message) {
+	ev := Event{Name: m.Event, Data: m.Data}
+	if m.Timestamp != nil && m.Timestamp.Seconds >= 0 {
+		ev.Timestamp = time.Unix(m.Timestamp.Seconds, m.Timestamp.Microseconds*1000)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, sub := range c.subs {
+		select {
+		case sub <- ev:
+		default:
+			c.log.WithField("event", ev.Name).Warn("qmp event subscriber is full, dropping event")
+		}
+	}
+}
+
+// Events subscribes to QMP events. Every subscriber receives every event,
+// in order; events are dropped for a subscriber that has EventBuffer events
+// queued, so a slow subscriber never blocks the client. The channel is
+// closed by cancel or when the connection ends.
+func (c *Client) Events() (<-chan Event, func()) {
+	ch := make(chan Event, EventBuffer)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		close(ch)
+		return ch, func() {}
+	}
+	id := c.nextSub
+	c.nextSub++
+	c.subs[id] = ch
+	return ch, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if sub, ok := c.subs[id]; ok {
+			close(sub)
+			delete(c.subs, id)
+		}
+	}
+}
+
+// Execute runs cmd with args (nil for none) and decodes the reply into
+// result (nil to discard it). A QMP error reply is returned as *Error. When
+// ctx ends first, Execute returns ctx's error and a late reply is discarded.
+func (c *Client) Execute(ctx context.Context, cmd string, args, result any) error {
+	ret, err := c.execute(ctx, cmd, args)
+	if err != nil {
+		return fmt.Errorf("qmp %s: %w", cmd, err)
+	}
+	if result == nil {
+		return nil
+	}
+	if err := json.Unmarshal(ret, result); err != nil {
+		return fmt.Errorf("qmp %s: decode reply: %w", cmd, err)
+	}
+	return nil
+}
+
+func (c *Client) execute(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return nil, c.err
+	}
+	c.nextID++
+	id := strconv.FormatUint(c.nextID, 10)
+	ch := make(chan response, 1)
+	c.pending[id] = ch
+	c.mu.Unlock()
+	forget := func() {
+		c.mu.Lock()
+		delete(c.pending, id)
+		c.mu.Unlock()
+	}
+
+	b, err := json.Marshal(request{Execute: cmd, Arguments: args, ID: id})
+	if err != nil {
+		forget()
+		return nil, fmt.Errorf("encode arguments: %w", err)
+	}
+	if err := c.write(ctx, append(b, '\n')); err != nil {
+		forget()
+		return nil, err
+	}
+	select {
+	case r := <-ch:
+		return r.ret, r.asError()
+	case <-ctx.Done():
+		forget()
+		return nil, ctx.Err()
+	case <-c.done:
+		select {
+		case r := <-ch:
+			return r.ret, r.asError()
+		default:
+			return nil, c.closedErr()
+		}
+	}
+}
+
+func (r response) asError() error {
+	if r.err != nil {
+		return r.err
+	}
+	return nil
+}
+
+// write sends one message. It waits for its turn and for the peer to take
+// the bytes only as long as ctx allows; a message cut short leaves the
+// stream unusable, so the connection is closed then.
+func (c *Client) write(ctx context.Context, b []byte) error {
+	select {
+	case c.wsem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.done:
+		return c.closedErr()
+	}
+	defer func() { <-c.wsem }()
+
+	deadline, _ := ctx.Deadline()
+	if err := c.conn.SetWriteDeadline(deadline); err != nil && !errors.Is(err, net.ErrClosed) {
+		c.log.WithError(err).Debug("set qmp write deadline")
+	}
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		_ = c.conn.SetWriteDeadline(time.Unix(1, 0))
+		close(fired)
+	})
+	n, err := c.conn.Write(b)
+	if !stop() {
+		<-fired
+	}
+	if err == nil {
+		return nil
+	}
+	if n > 0 {
+		_ = c.conn.Close()
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		// Only ctx sets write deadlines; its Done may trail the socket's timer.
+		<-ctx.Done()
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	select {
+	case <-c.done:
+		return c.closedErr()
+	default:
+		return fmt.Errorf("%w: write: %v", ErrClosed, err)
+	}
+}
+
+// SystemPowerdown presses the guest's ACPI power button.
+func (c *Client) SystemPowerdown(ctx context.Context) error {
+	return c.Execute(ctx, "system_powerdown", nil, nil)
+}
+
+// Stop pauses all vCPUs.
+func (c *Client) Stop(ctx context.Context) error {
+	return c.Execute(ctx, "stop", nil, nil)
+}
+
+// Cont resumes all vCPUs.
+func (c *Client) Cont(ctx context.Context) error {
+	return c.Execute(ctx, "cont", nil, nil)
+}
+
+// Quit makes QEMU exit at once. QEMU closes the connection as it exits, so
+// a connection that ends before the reply arrives also counts as success.
+func (c *Client) Quit(ctx context.Context) error {
+	err := c.Execute(ctx, "quit", nil, nil)
+	if errors.Is(err, ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// QueryStatus reports whether the vCPUs run and QEMU's run state.
+func (c *Client) QueryStatus(ctx context.Context) (Status, error) {
+	var st Status
+	err := c.Execute(ctx, "query-status", nil, &st)
+	return st, err
+}

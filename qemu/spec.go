@@ -1,0 +1,362 @@
+package qemu
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/errdefs"
+)
+
+// Accel is a QEMU accelerator.
+type Accel string
+
+const (
+	// AccelKVM runs the guest with hardware virtualization.
+	AccelKVM Accel = "kvm"
+	// AccelTCG runs the guest with QEMU's binary translator.
+	AccelTCG Accel = "tcg"
+)
+
+// Disk image formats a Drive may name.
+const (
+	// FormatQCOW2 is the qcow2 image format.
+	FormatQCOW2 = "qcow2"
+	// FormatRaw is a raw image.
+	FormatRaw = "raw"
+)
+
+// Disk controllers a Drive may name.
+const (
+	// DriverVirtioBlk attaches the disk as a virtio-blk PCI device.
+	DriverVirtioBlk = "virtio-blk"
+	// DriverVirtioSCSI attaches the disk as a scsi-hd on a virtio-scsi controller.
+	DriverVirtioSCSI = "virtio-scsi"
+	// DriverNVMe attaches the disk as an NVMe controller.
+	DriverNVMe = "nvme"
+)
+
+// Limits enforced by Spec validation.
+const (
+	// MinMemoryMiB is the smallest guest RAM accepted.
+	MinMemoryMiB = 16
+	// MaxMemoryMiB is the largest guest RAM accepted (16 TiB).
+	MaxMemoryMiB = 16 << 20
+	// MaxCPUs is the largest vCPU count accepted (q35 without an IOMMU).
+	MaxCPUs = 255
+	// MaxIDLen bounds Drive and NIC IDs so derived QEMU node names stay
+	// within QEMU's 31-character limit.
+	MaxIDLen = 20
+	// MaxSerialLen is the longest disk serial every disk driver keeps intact.
+	MaxSerialLen = 20
+	// MaxNameLen bounds the guest name.
+	MaxNameLen = 253
+)
+
+// Drive is one guest block device, its image format pinned (never probed).
+//
+// A qcow2 image is always opened with an explicit backing node, or with no
+// backing file at all when BackingPath is empty, so QEMU never follows a
+// backing file name stored in an image header.
+type Drive struct {
+	ID            string // [a-z0-9-]+, unique; used for node names and device ids
+	Path          string // top image file
+	Format        string // "qcow2" or "raw"
+	BackingPath   string // optional: read-only base image under a qcow2 top image
+	BackingFormat string // "qcow2" or "raw" when BackingPath is set
+	ReadOnly      bool
+	Driver        string // "virtio-blk" (default when empty), "virtio-scsi", "nvme"
+	BootIndex     int    // 0 = not a boot device; otherwise bootindex=N
+	Serial        string // optional device serial (defaults to ID for nvme, which needs one)
+}
+
+// NIC is one guest network card backed by an already-open tap fd.
+type NIC struct {
+	ID    string // [a-z0-9-]+
+	TapFD int    // fd number as QEMU sees it (see FDSet)
+	MAC   string // aa:bb:cc:dd:ee:ff
+}
+
+// Spec describes one VM; BuildArgs turns it into a QEMU command line.
+type Spec struct {
+	Name        string // guest name (-name); no control characters, at most MaxNameLen bytes
+	Accel       Accel
+	CPUs        int
+	MemoryMiB   int
+	Drives      []Drive
+	NICs        []NIC
+	Kernel      string // direct kernel boot when set
+	Initrd      string
+	Append      string // kernel command line (only with Kernel)
+	QMPSocket   string // unix socket path QEMU listens on for QMP
+	ConsoleFD   int    // fd number (as QEMU sees it) of a connected unix stream socket for the first serial port; 0 = no console
+	Sandbox     bool   // -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny
+	Paused      bool   // -S: start with vCPUs stopped (containerd create → start)
+	AgentSocket string // unix socket path QEMU listens on for the guest agent's virtio-serial port; "" = none
+}
+
+// maxUnixPath is the room for a path in sockaddr_un, less the NUL.
+const maxUnixPath = 107
+
+// invalid returns an ErrInvalidArgument error naming field.
+func invalid(field, format string, args ...any) error {
+	return fmt.Errorf("invalid %s: %s: %w", field, fmt.Sprintf(format, args...), errdefs.ErrInvalidArgument)
+}
+
+// Validate checks every field of s; the error names the first bad field.
+func (s Spec) Validate() error {
+	if err := checkText("name", s.Name, MaxNameLen); err != nil {
+		return err
+	}
+	if s.Name == "" {
+		return invalid("name", "must not be empty")
+	}
+	if s.Accel != AccelKVM && s.Accel != AccelTCG {
+		return invalid("accel", "%q is not kvm or tcg", s.Accel)
+	}
+	if s.CPUs < 1 || s.CPUs > MaxCPUs {
+		return invalid("cpus", "%d is not between 1 and %d", s.CPUs, MaxCPUs)
+	}
+	if s.MemoryMiB < MinMemoryMiB || s.MemoryMiB > MaxMemoryMiB {
+		return invalid("memory", "%d MiB is not between %d and %d MiB", s.MemoryMiB, MinMemoryMiB, MaxMemoryMiB)
+	}
+	if err := checkSocket("qmp socket", s.QMPSocket, true); err != nil {
+		return err
+	}
+	if err := checkSocket("agent socket", s.AgentSocket, false); err != nil {
+		return err
+	}
+	if s.AgentSocket != "" && s.AgentSocket == s.QMPSocket {
+		return invalid("agent socket", "%q is also the qmp socket", s.AgentSocket)
+	}
+	if s.ConsoleFD != 0 && s.ConsoleFD < 3 {
+		return invalid("console fd", "%d is a standard stream, want 0 (none) or >= 3", s.ConsoleFD)
+	}
+	if err := s.validateBoot(); err != nil {
+		return err
+	}
+	if err := validateDrives(s.Drives); err != nil {
+		return err
+	}
+	return validateNICs(s.NICs)
+}
+
+func (s Spec) validateBoot() error {
+	if err := checkPath("kernel", s.Kernel, false); err != nil {
+		return err
+	}
+	if err := checkPath("initrd", s.Initrd, false); err != nil {
+		return err
+	}
+	if err := checkText("append", s.Append, 0); err != nil {
+		return err
+	}
+	if s.Kernel == "" && s.Initrd != "" {
+		return invalid("initrd", "set without kernel")
+	}
+	if s.Kernel == "" && s.Append != "" {
+		return invalid("append", "set without kernel")
+	}
+	return nil
+}
+
+func validateDrives(drives []Drive) error {
+	ids := map[string]bool{}
+	boot := map[int]string{}
+	for i, d := range drives {
+		field := fmt.Sprintf("drive[%d]", i)
+		if err := checkID(field+" id", d.ID); err != nil {
+			return err
+		}
+		field = fmt.Sprintf("drive %q", d.ID)
+		if ids[d.ID] {
+			return invalid(field+" id", "duplicate")
+		}
+		ids[d.ID] = true
+		if err := d.validate(field); err != nil {
+			return err
+		}
+		if d.BootIndex != 0 {
+			if other, ok := boot[d.BootIndex]; ok {
+				return invalid(field+" boot index", "%d is also used by drive %q", d.BootIndex, other)
+			}
+			boot[d.BootIndex] = d.ID
+		}
+	}
+	return nil
+}
+
+func (d Drive) validate(field string) error {
+	if err := checkPath(field+" path", d.Path, true); err != nil {
+		return err
+	}
+	if err := checkFormat(field+" format", d.Format); err != nil {
+		return err
+	}
+	if err := checkPath(field+" backing path", d.BackingPath, false); err != nil {
+		return err
+	}
+	switch {
+	case d.BackingPath != "" && d.Format != FormatQCOW2:
+		return invalid(field+" backing path", "a %s image cannot have a backing image", d.Format)
+	case d.BackingPath != "":
+		if err := checkFormat(field+" backing format", d.BackingFormat); err != nil {
+			return err
+		}
+	case d.BackingFormat != "":
+		return invalid(field+" backing format", "set without backing path")
+	}
+	switch d.Driver {
+	case "", DriverVirtioBlk, DriverVirtioSCSI, DriverNVMe:
+	default:
+		return invalid(field+" driver", "%q is not %s, %s or %s", d.Driver, DriverVirtioBlk, DriverVirtioSCSI, DriverNVMe)
+	}
+	if d.BootIndex < 0 {
+		return invalid(field+" boot index", "%d is negative", d.BootIndex)
+	}
+	if len(d.Serial) > MaxSerialLen {
+		return invalid(field+" serial", "longer than %d characters", MaxSerialLen)
+	}
+	for _, r := range d.Serial {
+		if r <= ' ' || r > '~' {
+			return invalid(field+" serial", "%q has a character outside printable ascii", d.Serial)
+		}
+	}
+	return nil
+}
+
+func validateNICs(nics []NIC) error {
+	ids := map[string]bool{}
+	fds := map[int]bool{}
+	for i, n := range nics {
+		field := fmt.Sprintf("nic[%d]", i)
+		if err := checkID(field+" id", n.ID); err != nil {
+			return err
+		}
+		field = fmt.Sprintf("nic %q", n.ID)
+		if ids[n.ID] {
+			return invalid(field+" id", "duplicate")
+		}
+		ids[n.ID] = true
+		if n.TapFD < 3 {
+			return invalid(field+" tap fd", "%d is not an inherited fd (>= 3)", n.TapFD)
+		}
+		if fds[n.TapFD] {
+			return invalid(field+" tap fd", "%d is used by another nic", n.TapFD)
+		}
+		fds[n.TapFD] = true
+		if _, err := canonicalMAC(n.MAC); err != nil {
+			return invalid(field+" mac", "%v", err)
+		}
+	}
+	return nil
+}
+
+// canonicalMAC parses a unicast Ethernet MAC and returns it as aa:bb:cc:dd:ee:ff.
+func canonicalMAC(s string) (string, error) {
+	hw, err := net.ParseMAC(s)
+	if err != nil {
+		return "", fmt.Errorf("%q is not a mac address", s)
+	}
+	if len(hw) != 6 {
+		return "", fmt.Errorf("%q is not a 48-bit mac address", s)
+	}
+	if hw[0]&1 != 0 {
+		return "", fmt.Errorf("%q is a multicast address", s)
+	}
+	return hw.String(), nil
+}
+
+func checkID(field, id string) error {
+	if id == "" || strings.IndexFunc(id, func(r rune) bool {
+		return (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-'
+	}) >= 0 {
+		return invalid(field, "%q does not match [a-z0-9-]+", id)
+	}
+	if len(id) > MaxIDLen {
+		return invalid(field, "%q is longer than %d characters", id, MaxIDLen)
+	}
+	return nil
+}
+
+func checkFormat(field, format string) error {
+	if format != FormatQCOW2 && format != FormatRaw {
+		return invalid(field, "%q is not %s or %s", format, FormatQCOW2, FormatRaw)
+	}
+	return nil
+}
+
+// checkText rejects control characters that would break an argv value or a
+// log line (newline, NUL and the rest of C0, and DEL); maxLen 0 means no limit.
+func checkText(field, s string, maxLen int) error {
+	if maxLen > 0 && len(s) > maxLen {
+		return invalid(field, "longer than %d bytes", maxLen)
+	}
+	if i := strings.IndexFunc(s, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }); i >= 0 {
+		return invalid(field, "control character %q at byte %d", s[i], i)
+	}
+	return nil
+}
+
+func checkSocket(field, p string, required bool) error {
+	if err := checkPath(field, p, required); err != nil {
+		return err
+	}
+	if len(p) > maxUnixPath {
+		return invalid(field, "path %q is longer than %d bytes", p, maxUnixPath)
+	}
+	return nil
+}
+
+func checkPath(field, p string, required bool) error {
+	if p == "" {
+		if required {
+			return invalid(field, "must not be empty")
+		}
+		return nil
+	}
+	if err := checkText(field, p, 0); err != nil {
+		return err
+	}
+	if !filepath.IsAbs(p) {
+		return invalid(field, "%q is not an absolute path", p)
+	}
+	if filepath.Clean(p) != p {
+		return invalid(field, "%q is not a clean path", p)
+	}
+	if len(p) >= 4096 {
+		return invalid(field, "longer than %d bytes", 4095)
+	}
+	return nil
+}
+
+// FDSet collects the files a child process inherits beyond stdio, in the
+// order exec.Cmd.ExtraFiles passes them (the first is fd 3).
+type FDSet struct {
+	files []*os.File
+}
+
+// Add appends f and returns the fd number the child will see.
+func (s *FDSet) Add(f *os.File) int {
+	s.files = append(s.files, f)
+	return 2 + len(s.files)
+}
+
+// Files returns the files for exec.Cmd.ExtraFiles.
+func (s *FDSet) Files() []*os.File {
+	return append([]*os.File(nil), s.files...)
+}
+
+// Close closes every file in the set (the child keeps its own copies).
+func (s *FDSet) Close() error {
+	var first error
+	for _, f := range s.files {
+		if err := f.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	s.files = nil
+	return first
+}
