@@ -12,6 +12,7 @@ PACKAGES=(
 	qemu-system-x86 qemu-utils         # the VMMs and qcow2 tooling
 	busybox-static cpio                # test-guest initramfs
 	syslinux syslinux-common mtools fdisk dosfstools  # bootable test disk, no loop devices
+	xz-utils zstd binutils             # test-guest kernel extraction (xz/zstd, readelf)
 	containernetworking-plugins iproute2 iptables     # CNI for pod networking
 	util-linux procps kmod
 )

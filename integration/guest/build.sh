@@ -1,0 +1,316 @@
+#!/usr/bin/env bash
+# Builds the vmshim test guests from Debian packages:
+#
+#   build.sh OUTDIR
+#
+# OUTDIR receives vmlinuz (the Debian bzImage), vmlinux (its uncompressed ELF,
+# for fast QEMU -kernel boots through the PVH entry), initrd-{wait,poweroff}.img
+# (busybox initramfs running init.sh), disk-{wait,poweroff}.qcow2 (BIOS-bootable
+# disks: MBR, FAT16, syslinux) and four OCI archives made with vmshim-pack:
+# disk-{wait,poweroff}.tar and kernel-{wait,poweroff}.tar.
+#
+# The kernel is the linux-image-*-amd64 package that linux-image-amd64 depends
+# on, fetched with apt-get download into a cache (never installed). No loop
+# devices, no mounts, no network beyond apt. A second run with the same script,
+# init, vmshim-pack sources and kernel version does nothing.
+#
+# Environment: VMSHIM_PACK (vmshim-pack binary; default: built from the repo),
+# VMSHIM_DEB_CACHE (where .debs are kept; default OUTDIR/../debs).
+set -Eeuo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+REFS=localhost/vmshim-test
+PART_START_MIB=1 # the FAT partition starts at 1 MiB
+PART_SIZE_MIB=32 # room for the bzImage (~8 MiB) and an initramfs
+WORK=            # scratch directory inside OUTDIR, removed on exit
+
+log() { echo "guest: $*" >&2; }
+trap 'log "failed at line $LINENO: $BASH_COMMAND"' ERR
+die() {
+	log "$*"
+	exit 1
+}
+
+need_tools() {
+	local t missing=()
+	for t in apt-get apt-cache dpkg-deb busybox cpio gzip xz zstd od readelf modinfo \
+		mkfs.fat mcopy syslinux sfdisk qemu-img sha256sum flock; do
+		command -v "$t" >/dev/null || missing+=("$t")
+	done
+	[ ${#missing[@]} -eq 0 ] || die "missing tools: ${missing[*]} (run integration/setup/deps.sh)"
+	[ -f "$(syslinux_mbr)" ] || die "syslinux mbr.bin not found (package syslinux-common)"
+}
+
+syslinux_mbr() {
+	local f
+	for f in /usr/lib/syslinux/mbr/mbr.bin /usr/lib/SYSLINUX/mbr.bin /usr/share/syslinux/mbr.bin; do
+		[ -f "$f" ] && { echo "$f"; return; }
+	done
+	echo /usr/lib/syslinux/mbr/mbr.bin
+}
+
+# kernel_package prints "NAME VERSION" of the kernel image package that
+# linux-image-amd64 depends on, e.g. "linux-image-6.1.0-56-amd64 6.1.192-2"
+# (from "Depends: linux-image-6.1.0-56-amd64 (= 6.1.192-2)"). It refreshes
+# the apt lists once if they lack the metapackage.
+kernel_package() {
+	local info dep name ver
+	info=$(apt-cache show --no-all-versions linux-image-amd64 2>/dev/null) || info=
+	if [ -z "$info" ]; then
+		log "apt lists lack linux-image-amd64; running apt-get update"
+		apt-get update -qq >&2
+		info=$(apt-cache show --no-all-versions linux-image-amd64)
+	fi
+	dep=$(sed -n 's/^Depends:.*\(linux-image-[^ ,]*-amd64\)\( *(= *\([^)]*\))\)\{0,1\}.*/\1 \3/p' <<<"$info")
+	read -r name ver <<<"$dep" || true
+	[ -n "$name" ] || die "cannot resolve the kernel package of linux-image-amd64"
+	if [ -z "$ver" ]; then
+		ver=$(apt-cache show --no-all-versions "$name" | sed -n 's/^Version: *//p')
+	fi
+	[ -n "$ver" ] || die "no version for $name"
+	echo "$name $ver"
+}
+
+# stamp_of hashes what the artefacts depend on.
+stamp_of() {
+	{
+		cat "$HERE/build.sh" "$HERE/init.sh"
+		local f
+		for f in "$REPO"/cmd/vmshim-pack/*.go; do
+			case $f in *_test.go) ;; *) [ -f "$f" ] && cat "$f" ;; esac
+		done
+		echo "$1"
+	} | sha256sum | cut -d' ' -f1
+}
+
+# fetch_deb prints the path of NAME_VERSION's .deb in the cache, downloading
+# it if absent.
+fetch_deb() {
+	local name=$1 ver=$2 cache=$3 f
+	mkdir -p "$cache"
+	for f in "$cache/${name}"_*.deb; do
+		[ -f "$f" ] && [ "$(dpkg-deb -f "$f" Version)" = "$ver" ] && { echo "$f"; return; }
+	done
+	log "downloading $name=$ver into $cache"
+	local opts=()
+	# As root, apt drops to _apt for downloads, which cannot write to a
+	# cache owned by root; download as root instead.
+	[ "$(id -u)" -eq 0 ] && opts=(-o APT::Sandbox::User=root)
+	(cd "$cache" && apt-get download -qq "${opts[@]}" "$name=$ver" >&2)
+	for f in "$cache/${name}"_*.deb; do
+		[ -f "$f" ] && [ "$(dpkg-deb -f "$f" Version)" = "$ver" ] && { echo "$f"; return; }
+	done
+	die "apt-get download $name=$ver left no .deb in $cache"
+}
+
+# le32 FILE OFFSET prints the little-endian u32 at OFFSET; u8 one byte;
+# hex4 the first four bytes at OFFSET in hex.
+le32() { od -An -tu4 -j "$(($2))" -N4 "$1" | tr -d ' '; }
+u8() { od -An -tu1 -j "$(($2))" -N1 "$1" | tr -d ' '; }
+hex4() { od -An -tx1 -j "$(($2))" -N4 "$1" | tr -d ' '; }
+
+# extract_vmlinux turns a bzImage into the ELF vmlinux it carries. The x86
+# boot header gives setup_sects (0x1f1), payload_offset (0x248, from the end
+# of the setup code) and payload_length (0x24c). The payload is the
+# compressed vmlinux followed by its uncompressed size as a le32.
+extract_vmlinux() {
+	local bz=$1 out=$2 setup off len size
+	[ "$(hex4 "$bz" 0x202)" = 48647253 ] || die "$bz is not a bzImage (no HdrS)"
+	setup=$(u8 "$bz" 0x1f1)
+	[ "$setup" -eq 0 ] && setup=4
+	off=$(((setup + 1) * 512 + $(le32 "$bz" 0x248)))
+	len=$(le32 "$bz" 0x24c)
+	size=$(le32 "$bz" $((off + len - 4)))
+	local -a dec
+	case $(hex4 "$bz" "$off") in
+	fd377a58) dec=(xz -dc) ;;
+	1f8b*) dec=(gzip -dc) ;;
+	28b52ffd) dec=(zstd -dcq) ;;
+	*) die "$bz: unsupported kernel compression (payload starts $(hex4 "$bz" "$off"))" ;;
+	esac
+	dd if="$bz" bs=1M iflag=skip_bytes,count_bytes skip="$off" count=$((len - 4)) status=none |
+		"${dec[@]}" >"$out"
+	[ "$(stat -c %s "$out")" -eq "$size" ] || die "$out: got $(stat -c %s "$out") bytes, the bzImage says $size"
+	[ "$(hex4 "$out" 0)" = 7f454c46 ] || die "$out is not an ELF file"
+	# XEN_ELFNOTE_PHYS32_ENTRY (0x12) is the PVH entry QEMU -kernel uses.
+	grep -Eq '^[[:space:]]*Xen[[:space:]]+0x[0-9a-f]+[[:space:]].*\(0x00000012\)' <<<"$(readelf -n "$out")" ||
+		die "$out has no Xen PVH entry note; QEMU would not boot it directly"
+}
+
+# module_file KTREE NAME prints the path of module NAME (- and _ are the
+# same in module names), or nothing if the kernel has it built in.
+module_file() {
+	local tree=$1 name=${2//-/_}
+	find "$tree/kernel" -type f \( -name "$name.ko*" -o -name "${name//_/-}.ko*" \) -print -quit
+}
+
+# add_module KTREE NAME DEST ORDERFILE copies module NAME and, first, every
+# module it depends on into DEST (decompressed, since busybox insmod cannot
+# read .ko.xz/.zst) and appends each file name to ORDERFILE once.
+add_module() {
+	local tree=$1 name=$2 dest=$3 order=$4 file base dep
+	file=$(module_file "$tree" "$name")
+	if [ -z "$file" ]; then
+		grep -q "/${name//-/_}.ko" "$tree/modules.builtin" 2>/dev/null ||
+			log "module $name not found; assuming it is built in"
+		return 0
+	fi
+	base=$(basename "$file")
+	base=${base%.xz}
+	base=${base%.zst}
+	base=${base%.gz}
+	grep -qx "$base" "$order" 2>/dev/null && return 0
+	for dep in $(modinfo -F depends "$file" | tr ',' ' '); do
+		add_module "$tree" "$dep" "$dest" "$order"
+	done
+	case $file in
+	*.xz) xz -dc "$file" >"$dest/$base" ;;
+	*.zst) zstd -dcq "$file" >"$dest/$base" ;;
+	*.gz) gzip -dc "$file" >"$dest/$base" ;;
+	*) cp "$file" "$dest/$base" ;;
+	esac
+	echo "$base" >>"$order"
+}
+
+# newc_chardev NAME MAJOR MINOR writes a one-entry newc cpio archive holding
+# a character device, so the initramfs has /dev/console without mknod (and
+# without root) at build time. Header: magic + 13 eight-digit hex fields.
+newc_chardev() {
+	local name=$1 major=$2 minor=$3 namesize=$((${#1} + 1))
+	printf '070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X' \
+		1 $((0020000 | 0600)) 0 0 1 0 0 0 0 "$major" "$minor" "$namesize" 0
+	printf '%s\0' "$name"
+	# header (110) + name is padded to a multiple of 4.
+	head -c $(((4 - (110 + namesize) % 4) % 4)) /dev/zero
+}
+
+# newc_trailer writes the end-of-archive entry.
+newc_trailer() {
+	printf '070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X' \
+		0 0 0 0 1 0 0 0 0 0 0 11 0
+	printf 'TRAILER!!!\0'
+	head -c $(((4 - (110 + 11) % 4) % 4)) /dev/zero
+}
+
+# build_initrd KTREE MODE OUT builds the gzip'd newc initramfs for MODE.
+build_initrd() {
+	local tree=$1 mode=$2 out=$3 root applet
+	root=$(mktemp -d "$WORK/initrd-$mode.XXXX")
+	mkdir -p "$root"/{bin,dev,etc,proc,sys,lib/modules}
+	cp "$(command -v busybox)" "$root/bin/busybox"
+	grep -q INTERP <<<"$(readelf -l "$root/bin/busybox")" &&
+		die "busybox is dynamically linked; install busybox-static"
+	for applet in $(busybox --list); do
+		[ "$applet" = busybox ] || ln -s busybox "$root/bin/$applet"
+	done
+	install -m 0755 "$HERE/init.sh" "$root/init"
+	echo "$mode" >"$root/etc/vmshim-mode"
+	: >"$root/lib/modules/order"
+	# evdev gives the power button a /dev/input/eventN; button is the ACPI
+	# power button driver. Either may be built in.
+	add_module "$tree" evdev "$root/lib/modules" "$root/lib/modules/order"
+	add_module "$tree" button "$root/lib/modules" "$root/lib/modules/order"
+	{
+		(cd "$root" && find . -mindepth 1 | LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0)
+		# A second archive: the kernel unpacks concatenated cpio archives.
+		newc_chardev dev/console 5 1
+		newc_trailer
+	} | gzip -9 -n >"$out"
+}
+
+# build_disk VMLINUZ INITRD OUT builds a BIOS-bootable qcow2 disk without
+# loop devices: a FAT16 partition image made and filled with mtools, made
+# bootable by syslinux's mtools installer, put behind an MBR at 1 MiB.
+build_disk() {
+	local kernel=$1 initrd=$2 out=$3 part raw
+	part=$WORK/part.img
+	raw=$WORK/disk.raw
+	rm -f "$part" "$raw"
+	cat >"$WORK/syslinux.cfg" <<-'EOF'
+		SERIAL 0 115200
+		DEFAULT linux
+		PROMPT 0
+		TIMEOUT 0
+		LABEL linux
+		  KERNEL vmlinuz
+		  INITRD initrd.img
+		  APPEND console=ttyS0
+	EOF
+	# -h: hidden sectors = the partition's start LBA, used by the boot sector.
+	mkfs.fat -C -F 16 -n VMSHIM -h $((PART_START_MIB * 2048)) "$part" $((PART_SIZE_MIB * 1024)) >/dev/null
+	MTOOLS_SKIP_CHECK=1 mcopy -i "$part" "$kernel" ::vmlinuz
+	MTOOLS_SKIP_CHECK=1 mcopy -i "$part" "$initrd" ::initrd.img
+	MTOOLS_SKIP_CHECK=1 mcopy -i "$part" "$WORK/syslinux.cfg" ::syslinux.cfg
+	syslinux --install "$part"
+
+	truncate -s $(((PART_START_MIB + PART_SIZE_MIB) * 1024 * 1024)) "$raw"
+	# One bootable FAT16 partition (type 6) at 1 MiB.
+	echo "start=$((PART_START_MIB * 2048)), size=$((PART_SIZE_MIB * 2048)), type=6, bootable" |
+		sfdisk --quiet --label dos "$raw"
+	# mbr.bin is boot code only (440 bytes): the partition table stays.
+	dd if="$(syslinux_mbr)" of="$raw" bs=440 count=1 conv=notrunc status=none
+	dd if="$part" of="$raw" bs=1M seek="$PART_START_MIB" conv=notrunc status=none
+	qemu-img convert -f raw -O qcow2 "$raw" "$out"
+	rm -f "$part" "$raw"
+}
+
+# pack_tool prints the vmshim-pack binary: $VMSHIM_PACK, else built from
+# the repository into the work dir.
+pack_tool() {
+	if [ -n "${VMSHIM_PACK:-}" ]; then
+		echo "$VMSHIM_PACK"
+		return
+	fi
+	command -v go >/dev/null || die "go not found; set VMSHIM_PACK"
+	(cd "$REPO" && go build -o "$WORK/vmshim-pack" ./cmd/vmshim-pack)
+	echo "$WORK/vmshim-pack"
+}
+
+main() {
+	[ $# -eq 1 ] || die "usage: build.sh OUTDIR"
+	local out kpkg kname kversion stamp deb tree kver mode pack
+	mkdir -p "$1"
+	out=$(cd "$1" && pwd)
+	need_tools
+	# Concurrent builds of one OUTDIR (parallel test binaries) take turns;
+	# the later ones then find the stamp and return.
+	exec 9>"$out/.lock"
+	flock 9
+	kpkg=$(kernel_package)
+	stamp=$(stamp_of "$kpkg")
+	if [ "$(cat "$out/stamp" 2>/dev/null)" = "$stamp" ]; then
+		return 0
+	fi
+	log "building test guests into $out ($kpkg)"
+	rm -f "$out/stamp"
+	WORK=$(mktemp -d "$out/.work.XXXX")
+	trap 'rm -rf "$WORK"' EXIT
+
+	read -r kname kversion <<<"$kpkg"
+	deb=$(fetch_deb "$kname" "$kversion" "${VMSHIM_DEB_CACHE:-$(dirname "$out")/debs}")
+	dpkg-deb -x "$deb" "$WORK/kpkg"
+	kver=${kname#linux-image-} # the kernel release, e.g. 6.1.0-56-amd64
+	tree=$WORK/kpkg/lib/modules/$kver
+	[ -d "$tree" ] || die "$deb has no lib/modules/$kver"
+	cp "$WORK/kpkg/boot/vmlinuz-$kver" "$WORK/vmlinuz"
+	extract_vmlinux "$WORK/vmlinuz" "$WORK/vmlinux"
+
+	pack=$(pack_tool)
+	for mode in wait poweroff; do
+		build_initrd "$tree" "$mode" "$WORK/initrd-$mode.img"
+		build_disk "$WORK/vmlinuz" "$WORK/initrd-$mode.img" "$WORK/disk-$mode.qcow2"
+		"$pack" --disk "$WORK/disk-$mode.qcow2" --ref "$REFS/disk:$mode" -o "$WORK/disk-$mode.tar"
+		"$pack" --kernel "$WORK/vmlinux" --initrd "$WORK/initrd-$mode.img" \
+			--ref "$REFS/kernel:$mode" -o "$WORK/kernel-$mode.tar"
+	done
+
+	for f in vmlinuz vmlinux initrd-{wait,poweroff}.img disk-{wait,poweroff}.qcow2 \
+		{disk,kernel}-{wait,poweroff}.tar; do
+		mv -f "$WORK/$f" "$out/$f"
+	done
+	echo "$stamp" >"$out/stamp"
+	log "done"
+}
+
+main "$@"
