@@ -1,0 +1,90 @@
+package integration
+
+import (
+	"archive/tar"
+	"bytes"
+	"encoding/json"
+	"os"
+	"path"
+	"sort"
+	"testing"
+
+	"github.com/opencontainers/go-digest"
+	specs "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+)
+
+// writeArchive writes an OCI image archive named ref whose single,
+// uncompressed layer holds files (path → content). It makes images that
+// vmshim-pack rightly refuses to make, for the bad-input tests.
+func writeArchive(t *testing.T, dst, ref string, files map[string][]byte) {
+	t.Helper()
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	dirs := map[string]bool{}
+	for _, n := range names {
+		for d := path.Dir(n); d != "." && !dirs[d]; d = path.Dir(d) {
+			dirs[d] = true
+			must(t, tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755}))
+		}
+		must(t, tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: 0o444, Size: int64(len(files[n]))}))
+		_, err := tw.Write(files[n])
+		must(t, err)
+	}
+	must(t, tw.Close())
+
+	blobs := map[digest.Digest][]byte{}
+	add := func(mediaType string, data []byte) ocispec.Descriptor {
+		d := digest.FromBytes(data)
+		blobs[d] = data
+		return ocispec.Descriptor{MediaType: mediaType, Digest: d, Size: int64(len(data))}
+	}
+	layerDesc := add(ocispec.MediaTypeImageLayer, layer.Bytes())
+	cfg, err := json.Marshal(ocispec.Image{
+		Platform: ocispec.Platform{Architecture: "amd64", OS: "linux"},
+		Config:   ocispec.ImageConfig{Cmd: []string{"/vm"}},
+		RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{layerDesc.Digest}},
+	})
+	must(t, err)
+	manifest, err := json.Marshal(ocispec.Manifest{
+		Versioned: specs.Versioned{SchemaVersion: 2},
+		MediaType: ocispec.MediaTypeImageManifest,
+		Config:    add(ocispec.MediaTypeImageConfig, cfg),
+		Layers:    []ocispec.Descriptor{layerDesc},
+	})
+	must(t, err)
+	mdesc := add(ocispec.MediaTypeImageManifest, manifest)
+	mdesc.Annotations = map[string]string{"io.containerd.image.name": ref, ocispec.AnnotationRefName: "latest"}
+	index, err := json.Marshal(ocispec.Index{
+		Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageIndex,
+		Manifests: []ocispec.Descriptor{mdesc},
+	})
+	must(t, err)
+
+	var out bytes.Buffer
+	aw := tar.NewWriter(&out)
+	put := func(name string, data []byte) {
+		must(t, aw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o444, Size: int64(len(data))}))
+		_, err := aw.Write(data)
+		must(t, err)
+	}
+	put(ocispec.ImageLayoutFile, []byte(`{"imageLayoutVersion":"1.0.0"}`))
+	put("index.json", index)
+	for d, data := range blobs {
+		put("blobs/sha256/"+d.Encoded(), data)
+	}
+	must(t, aw.Close())
+	must(t, os.WriteFile(dst, out.Bytes(), 0o644))
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

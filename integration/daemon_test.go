@@ -1,0 +1,152 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// daemon is a private containerd in a network namespace of its own, so
+// nothing the tests do reaches the host's network.
+type daemon struct {
+	dir     string // root of everything the daemon writes
+	netns   string // name under /run/netns
+	address string
+	ctrBin  string
+	cmd     *exec.Cmd
+	logPath string
+}
+
+const daemonConfig = `version = 3
+root = %q
+state = %q
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images"]
+[grpc]
+  address = %q
+[ttrpc]
+  address = %q
+[debug]
+  level = "debug"
+`
+
+// startDaemon starts containerd with the shim directory on its PATH.
+func startDaemon(containerdDir, shimDir string) (_ *daemon, retErr error) {
+	dir, err := os.MkdirTemp("", "vmshim-it-")
+	if err != nil {
+		return nil, err
+	}
+	d := &daemon{
+		dir:     dir,
+		netns:   fmt.Sprintf("vmshim-it-%d", os.Getpid()),
+		address: filepath.Join(dir, "containerd.sock"),
+		ctrBin:  filepath.Join(containerdDir, "ctr"),
+		logPath: filepath.Join(dir, "containerd.log"),
+	}
+	defer func() {
+		if retErr != nil {
+			d.stop()
+		}
+	}()
+	cfg := filepath.Join(dir, "config.toml")
+	body := fmt.Sprintf(daemonConfig, filepath.Join(dir, "root"), filepath.Join(dir, "state"), d.address, d.address+".ttrpc")
+	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
+		return nil, err
+	}
+	if out, err := exec.Command("ip", "netns", "add", d.netns).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("ip netns add: %v: %s", err, out)
+	}
+	_ = exec.Command("ip", "-n", d.netns, "link", "set", "lo", "up").Run()
+	logf, err := os.Create(d.logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	// nsenter, not `ip netns exec`, which remounts /sys and hides cgroups.
+	d.cmd = exec.Command("nsenter", "--net=/run/netns/"+d.netns, "--",
+		filepath.Join(containerdDir, "containerd"), "--config", cfg)
+	d.cmd.Env = append(os.Environ(), "PATH="+shimDir+":"+os.Getenv("PATH"))
+	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := d.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start containerd: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		if _, err := d.ctr(ctx, "version"); err == nil {
+			return d, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("containerd did not come up; log %s", d.logPath)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// ctr runs the ctr binary against the daemon in the test namespace.
+func (d *daemon) ctr(ctx context.Context, args ...string) (string, error) {
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, d.ctrBin, append([]string{"-a", d.address, "-n", testNamespace}, args...)...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// stop ends containerd and removes its namespace and files.
+func (d *daemon) stop() {
+	if d.cmd != nil && d.cmd.Process != nil {
+		_ = d.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = d.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+	}
+	_ = exec.Command("ip", "netns", "delete", d.netns).Run()
+	if os.Getenv("VMSHIM_KEEP") == "" {
+		unmountUnder(d.dir)
+		_ = os.RemoveAll(d.dir)
+	}
+}
+
+// unmountUnder unmounts whatever is still mounted below dir.
+func unmountUnder(dir string) {
+	for _, m := range mountsUnder(dir) {
+		_ = syscall.Unmount(m, syscall.MNT_DETACH)
+	}
+}
+
+// mountsUnder lists mount points at or below dir, deepest first.
+func mountsUnder(dir string) []string {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			out = append([]string{f[4]}, out...)
+		}
+	}
+	return out
+}
+
+// logTail returns the end of containerd's log, for failure messages.
+func (d *daemon) logTail() string {
+	data, _ := os.ReadFile(d.logPath)
+	if len(data) > 4000 {
+		data = data[len(data)-4000:]
+	}
+	return string(data)
+}

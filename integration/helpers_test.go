@@ -1,0 +1,266 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/opencontainers/image-spec/identity"
+)
+
+const runtimeName = "io.containerd.vm.v2"
+
+// Markers the test guests print on their console.
+const (
+	markerBooted   = "VMSHIM-GUEST-BOOTED"
+	markerPoweroff = "VMSHIM-GUEST-POWEROFF"
+	markerACPI     = "VMSHIM-GUEST-ACPI-POWERDOWN"
+)
+
+// Test images imported by TestMain.
+const (
+	imageDiskWait     = "localhost/vmshim-test/disk:wait"
+	imageDiskPoweroff = "localhost/vmshim-test/disk:poweroff"
+	imageKernelWait   = "localhost/vmshim-test/kernel:wait"
+	imageKernelOff    = "localhost/vmshim-test/kernel:poweroff"
+)
+
+// bootTimeout is generous: the guests boot under TCG on two cores.
+const bootTimeout = 3 * time.Minute
+
+// consoleOut collects a task's stdout and lets a test wait for a marker.
+type consoleOut struct {
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	changed chan struct{}
+}
+
+func newConsoleOut() *consoleOut { return &consoleOut{changed: make(chan struct{})} }
+
+func (c *consoleOut) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.buf.Write(p)
+	close(c.changed)
+	c.changed = make(chan struct{})
+	return len(p), nil
+}
+
+func (c *consoleOut) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.buf.String()
+}
+
+// waitFor blocks until the output contains marker.
+func (c *consoleOut) waitFor(ctx context.Context, t *testing.T, marker string) {
+	t.Helper()
+	for {
+		c.mu.Lock()
+		found, ch := strings.Contains(c.buf.String(), marker), c.changed
+		c.mu.Unlock()
+		if found {
+			return
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			t.Fatalf("console never showed %q: %v\nconsole:\n%s", marker, ctx.Err(), c.String())
+		}
+	}
+}
+
+// vm is a started VM task and what the test needs of it.
+type vm struct {
+	id        string
+	container client.Container
+	task      client.Task
+	console   *consoleOut
+	exit      <-chan client.ExitStatus
+}
+
+// uniqueID returns a container id derived from the test's name.
+func uniqueID(t *testing.T) string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	name := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	return fmt.Sprintf("%s-%x", name, b)
+}
+
+// startVM creates and starts a VM task from an imported image.
+func startVM(ctx context.Context, t *testing.T, ref string) *vm {
+	t.Helper()
+	img, err := env.client.GetImage(ctx, ref)
+	if err != nil {
+		t.Fatalf("get image %s: %v", ref, err)
+	}
+	id := uniqueID(t)
+	c, err := env.client.NewContainer(ctx, id,
+		client.WithImage(img),
+		client.WithNewSnapshot(id, img),
+		client.WithRuntime(runtimeName, nil),
+		client.WithNewSpec(oci.WithImageConfig(img), oci.WithHostname(id)),
+	)
+	if err != nil {
+		t.Fatalf("create container: %v", err)
+	}
+	v := &vm{id: id, container: c, console: newConsoleOut()}
+	t.Cleanup(func() { v.remove(t) })
+	v.task, err = c.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, v.console, io.Discard)))
+	if err != nil {
+		t.Fatalf("create task: %v\ncontainerd log:\n%s", err, env.daemon.logTail())
+	}
+	if v.exit, err = v.task.Wait(ctx); err != nil {
+		t.Fatalf("wait task: %v", err)
+	}
+	if err := v.task.Start(ctx); err != nil {
+		t.Fatalf("start task: %v", err)
+	}
+	return v
+}
+
+// waitExit waits for the task to exit and returns its status.
+func (v *vm) waitExit(ctx context.Context, t *testing.T) uint32 {
+	t.Helper()
+	select {
+	case st := <-v.exit:
+		code, _, err := st.Result()
+		if err != nil {
+			t.Fatalf("exit status: %v", err)
+		}
+		return code
+	case <-ctx.Done():
+		t.Fatalf("task %s did not exit: %v\nconsole:\n%s", v.id, ctx.Err(), v.console.String())
+	}
+	return 0
+}
+
+// remove deletes the task and the container with its snapshot.
+func (v *vm) remove(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if v.task != nil {
+		if _, err := v.task.Delete(ctx, client.WithProcessKill); err != nil && !strings.Contains(err.Error(), "not found") {
+			t.Errorf("delete task %s: %v", v.id, err)
+		}
+		v.task = nil
+	}
+	if v.container != nil {
+		if err := v.container.Delete(ctx, client.WithSnapshotCleanup); err != nil && !strings.Contains(err.Error(), "not found") {
+			t.Errorf("delete container %s: %v", v.id, err)
+		}
+		v.container = nil
+	}
+}
+
+// assertNothingLeft checks that no trace of container id remains: no QEMU
+// or shim process, no mount, no runtime dir, no bundle, no snapshot.
+func assertNothingLeft(ctx context.Context, t *testing.T, id string) {
+	t.Helper()
+	// Processes may take a moment to be reaped after delete returns.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		procs := processesMentioning(id)
+		if len(procs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("processes left for %s: %v", id, procs)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, m := range mountsUnder(env.daemon.dir) {
+		if strings.Contains(m, id) {
+			t.Errorf("mount left for %s: %s", id, m)
+		}
+	}
+	sum := sha256.Sum256([]byte(testNamespace + "/" + id))
+	if _, err := os.Stat(filepath.Join("/run/vmshim", hex.EncodeToString(sum[:8]))); err == nil {
+		t.Errorf("runtime dir left for %s", id)
+	}
+	bundle := filepath.Join(env.daemon.dir, "state", "io.containerd.runtime.v2.task", testNamespace, id)
+	if _, err := os.Stat(bundle); err == nil {
+		t.Errorf("bundle left for %s: %s", id, bundle)
+	}
+	if err := env.client.SnapshotService("overlayfs").Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+		if info.Name == id {
+			t.Errorf("snapshot left for %s", id)
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("walk snapshots: %v", err)
+	}
+}
+
+// processesMentioning lists "pid: cmdline" of processes whose command
+// line contains s.
+func processesMentioning(s string) []string {
+	entries, _ := os.ReadDir("/proc")
+	var out []string
+	for _, e := range entries {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || len(data) == 0 {
+			continue
+		}
+		cmdline := strings.ReplaceAll(string(data), "\x00", " ")
+		if strings.Contains(cmdline, s) {
+			out = append(out, e.Name()+": "+cmdline)
+		}
+	}
+	return out
+}
+
+// imageFileDigest returns the sha256 of a file inside an image's layers,
+// read through a read-only view of its snapshot.
+func imageFileDigest(ctx context.Context, t *testing.T, ref, path string) string {
+	t.Helper()
+	img, err := env.client.GetImage(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	diffIDs, err := img.RootFS(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn := env.client.SnapshotService("overlayfs")
+	key := uniqueID(t) + "-view"
+	mounts, err := sn.View(ctx, key, identity.ChainID(diffIDs).String())
+	if err != nil {
+		t.Fatalf("view image snapshot: %v", err)
+	}
+	defer sn.Remove(ctx, key)
+	dir := t.TempDir()
+	if err := mount.All(mounts, dir); err != nil {
+		t.Fatalf("mount image view: %v", err)
+	}
+	defer mount.UnmountAll(dir, 0)
+	f, err := os.Open(filepath.Join(dir, path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}

@@ -1,0 +1,81 @@
+// Package integration runs vmshim end to end: a real containerd 2.x
+// daemon in its own network namespace, the shim binary, real QEMU and
+// test guests built from Debian packages.
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+)
+
+// Environment the Makefile passes in.
+const (
+	envEnable     = "VMSHIM_INTEGRATION" // 1 to run these tests
+	envBinDir     = "VMSHIM_BIN"         // directory holding containerd-shim-vm-v2
+	envContainerd = "VMSHIM_CONTAINERD"  // directory holding containerd and ctr
+	envGuestDir   = "VMSHIM_GUEST"       // directory the guest builder wrote
+)
+
+// testNamespace is the containerd namespace the tests use.
+const testNamespace = "vmshim-test"
+
+// suite is the daemon shared by every test of the package.
+type suite struct {
+	daemon   *daemon
+	client   *client.Client
+	guestDir string
+	binDir   string
+}
+
+// env is set by TestMain for the tests; it is nil when they are skipped.
+var env *suite
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envEnable) != "1" {
+		fmt.Fprintf(os.Stderr, "integration tests skipped: set %s=1 (make integration does)\n", envEnable)
+		os.Exit(0)
+	}
+	code, err := run(m)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+func run(m *testing.M) (int, error) {
+	if os.Geteuid() != 0 {
+		return 0, fmt.Errorf("must run as root")
+	}
+	s := &suite{binDir: os.Getenv(envBinDir), guestDir: os.Getenv(envGuestDir)}
+	for k, v := range map[string]string{envBinDir: s.binDir, envGuestDir: s.guestDir, envContainerd: os.Getenv(envContainerd)} {
+		if v == "" {
+			return 0, fmt.Errorf("%s is not set", k)
+		}
+	}
+	d, err := startDaemon(os.Getenv(envContainerd), s.binDir)
+	if err != nil {
+		return 0, err
+	}
+	defer d.stop()
+	s.daemon = d
+	if s.client, err = client.New(d.address, client.WithDefaultNamespace(testNamespace)); err != nil {
+		return 0, fmt.Errorf("connect to containerd: %w", err)
+	}
+	defer s.client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for _, archive := range []string{"disk-wait.tar", "disk-poweroff.tar", "kernel-wait.tar", "kernel-poweroff.tar"} {
+		if out, err := d.ctr(ctx, "images", "import", filepath.Join(s.guestDir, archive)); err != nil {
+			return 0, fmt.Errorf("import %s: %v: %s", archive, err, out)
+		}
+	}
+	env = s
+	return m.Run(), nil
+}

@@ -1,0 +1,127 @@
+package integration
+
+import (
+	"context"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	apievents "github.com/containerd/containerd/api/events"
+	"github.com/containerd/typeurl/v2"
+)
+
+// TestCtrRunPowersOff runs each image layout with `ctr run --rm`: the
+// console reaches ctr's stdout and a guest that powers off exits 0.
+func TestCtrRunPowersOff(t *testing.T) {
+	for name, ref := range map[string]string{"disk": imageDiskPoweroff, "kernel": imageKernelOff} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+			defer cancel()
+			id := uniqueID(t)
+			out, err := env.daemon.ctr(ctx, "run", "--rm", "--runtime", runtimeName, ref, id)
+			if err != nil {
+				t.Fatalf("ctr run: %v\n%s\ncontainerd log:\n%s", err, out, env.daemon.logTail())
+			}
+			for _, m := range []string{markerBooted, markerPoweroff} {
+				if !strings.Contains(out, m) {
+					t.Errorf("console lacks %q:\n%s", m, out)
+				}
+			}
+			assertNothingLeft(ctx, t, id)
+		})
+	}
+}
+
+// TestSIGTERMPowersDown checks that SIGTERM presses the ACPI power button:
+// the guest powers itself off and the task exits 0. The image's disk is
+// untouched by the run.
+func TestSIGTERMPowersDown(t *testing.T) {
+	for name, ref := range map[string]string{"disk": imageDiskWait, "kernel": imageKernelWait} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+			defer cancel()
+			var before string
+			if name == "disk" {
+				before = imageFileDigest(ctx, t, ref, "disk/disk.qcow2")
+			}
+			v := startVM(ctx, t, ref)
+			v.console.waitFor(ctx, t, markerBooted)
+			if err := v.task.Kill(ctx, syscall.SIGTERM); err != nil {
+				t.Fatalf("kill SIGTERM: %v", err)
+			}
+			if code := v.waitExit(ctx, t); code != 0 {
+				t.Errorf("exit status %d, want 0\nconsole:\n%s", code, v.console.String())
+			}
+			if !strings.Contains(v.console.String(), markerACPI) {
+				t.Errorf("guest did not see the power button:\n%s", v.console.String())
+			}
+			v.remove(t)
+			assertNothingLeft(ctx, t, v.id)
+			if name == "disk" {
+				if after := imageFileDigest(ctx, t, ref, "disk/disk.qcow2"); after != before {
+					t.Errorf("image disk changed: %s -> %s", before, after)
+				}
+			}
+		})
+	}
+}
+
+// TestSIGKILL checks that SIGKILL stops the VM at once with status 137.
+func TestSIGKILL(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+	defer cancel()
+	v := startVM(ctx, t, imageKernelWait)
+	v.console.waitFor(ctx, t, markerBooted)
+	if err := v.task.Kill(ctx, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill SIGKILL: %v", err)
+	}
+	if code := v.waitExit(ctx, t); code != 137 {
+		t.Errorf("exit status %d, want 137", code)
+	}
+	v.remove(t)
+	assertNothingLeft(ctx, t, v.id)
+}
+
+// TestQEMUKilled kills the QEMU process behind the task's back: containerd
+// must get a TaskExit with a non-zero status promptly.
+func TestQEMUKilled(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+	defer cancel()
+	events, errs := env.client.EventService().Subscribe(ctx, `topic=="/tasks/exit"`)
+	v := startVM(ctx, t, imageKernelWait)
+	v.console.waitFor(ctx, t, markerBooted)
+	if err := syscall.Kill(int(v.task.Pid()), syscall.SIGKILL); err != nil {
+		t.Fatalf("kill qemu: %v", err)
+	}
+	killed := time.Now()
+	// The acceptance bound for noticing a dead QEMU: exits are seen by
+	// waiting on the process, not by polling.
+	deadline := time.After(2 * time.Second)
+	for {
+		select {
+		case env := <-events:
+			ev, err := typeurl.UnmarshalAny(env.Event)
+			if err != nil {
+				t.Fatal(err)
+			}
+			exit, ok := ev.(*apievents.TaskExit)
+			if !ok || exit.ContainerID != v.id {
+				continue
+			}
+			if exit.ExitStatus == 0 {
+				t.Errorf("TaskExit status 0, want non-zero")
+			}
+			t.Logf("TaskExit %d after %v", exit.ExitStatus, time.Since(killed))
+			v.remove(t)
+			assertNothingLeft(ctx, t, v.id)
+			return
+		case err := <-errs:
+			t.Fatalf("events: %v", err)
+		case <-deadline:
+			t.Fatalf("no TaskExit within 2s of killing qemu")
+		case <-ctx.Done():
+			t.Fatalf("no TaskExit: %v", ctx.Err())
+		}
+	}
+}

@@ -1,0 +1,196 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"syscall"
+
+	"github.com/containerd/fifo"
+	"github.com/containerd/log"
+)
+
+// consoleBuffer bounds how much console output waits for a slow reader of
+// the task's stdout; past it the oldest output is dropped, so the guest
+// never stalls on its serial port.
+const consoleBuffer = 1 << 20
+
+// console joins the guest's serial port to the task's stdio fifos.
+type console struct {
+	conn   io.ReadWriteCloser
+	buf    *ring
+	done   chan struct{} // closed once all guest output has been written out
+	cancel context.CancelFunc
+
+	mu     sync.Mutex // guards stdin and stdout
+	stdin  io.Closer
+	stdout io.Closer
+}
+
+// newConsole starts copying between conn (the guest's serial port) and the
+// fifos at stdin and stdout; an empty path means no such stream.
+func newConsole(ctx context.Context, conn io.ReadWriteCloser, stdin, stdout string) *console {
+	ctx, cancel := context.WithCancel(ctx)
+	c := &console{conn: conn, buf: newRing(consoleBuffer), done: make(chan struct{}), cancel: cancel}
+	go c.readGuest()
+	go c.writeStdout(ctx, stdout)
+	if stdin != "" {
+		go c.readStdin(ctx, stdin)
+	}
+	return c
+}
+
+// readGuest moves guest output into the buffer until the guest side closes.
+func (c *console) readGuest() {
+	b := make([]byte, 32<<10)
+	for {
+		n, err := c.conn.Read(b)
+		if n > 0 {
+			c.buf.Write(b[:n])
+		}
+		if err != nil {
+			c.buf.Close()
+			return
+		}
+	}
+}
+
+// writeStdout drains the buffer into the stdout fifo; with no stdout, or
+// once the fifo fails, output is discarded so the buffer keeps draining.
+func (c *console) writeStdout(ctx context.Context, path string) {
+	defer close(c.done)
+	var w io.Writer = io.Discard
+	if path != "" {
+		f, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY, 0)
+		if err != nil {
+			log.G(ctx).WithError(err).Warn("open stdout fifo")
+		} else {
+			c.mu.Lock()
+			c.stdout = f
+			c.mu.Unlock()
+			w = f
+		}
+	}
+	b := make([]byte, 32<<10)
+	for {
+		n, err := c.buf.Read(b)
+		if n > 0 && w != io.Discard {
+			if _, werr := w.Write(b[:n]); werr != nil {
+				log.G(ctx).WithError(werr).Debug("stdout closed, discarding console output")
+				w = io.Discard
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// readStdin copies the stdin fifo to the guest until it ends.
+func (c *console) readStdin(ctx context.Context, path string) {
+	f, err := fifo.OpenFifo(ctx, path, syscall.O_RDONLY, 0)
+	if err != nil {
+		if !errors.Is(err, context.Canceled) {
+			log.G(ctx).WithError(err).Warn("open stdin fifo")
+		}
+		return
+	}
+	c.mu.Lock()
+	c.stdin = f
+	c.mu.Unlock()
+	_, _ = io.Copy(c.conn, f)
+}
+
+// flushed is closed once every byte the guest wrote has reached stdout
+// (or been discarded); it happens after the guest side closes.
+func (c *console) flushed() <-chan struct{} { return c.done }
+
+// closeStdin stops forwarding input to the guest (CloseIO).
+// Closing the fifo ends readStdin's copy; the guest side stays open.
+func (c *console) closeStdin() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stdin != nil {
+		_ = c.stdin.Close()
+	}
+}
+
+// Close releases the fifos and the guest connection.
+func (c *console) Close() error {
+	c.cancel()
+	c.buf.Close()
+	err := c.conn.Close()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, f := range []io.Closer{c.stdin, c.stdout} {
+		if f != nil {
+			_ = f.Close()
+		}
+	}
+	return err
+}
+
+// ring is a bounded byte queue whose writes never block: when full, the
+// oldest bytes are dropped.
+type ring struct {
+	mu      sync.Mutex // guards everything below
+	cond    *sync.Cond
+	data    []byte
+	limit   int
+	closed  bool
+	dropped int64
+}
+
+func newRing(limit int) *ring {
+	r := &ring{limit: limit}
+	r.cond = sync.NewCond(&r.mu)
+	return r
+}
+
+// Write appends p, dropping the oldest bytes beyond the limit.
+func (r *ring) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return 0, io.ErrClosedPipe
+	}
+	r.data = append(r.data, p...)
+	if over := len(r.data) - r.limit; over > 0 {
+		r.dropped += int64(over)
+		r.data = append(r.data[:0], r.data[over:]...)
+	}
+	r.cond.Signal()
+	return len(p), nil
+}
+
+// Read blocks until data is available; it returns io.EOF once the ring is
+// closed and empty.
+func (r *ring) Read(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for len(r.data) == 0 && !r.closed {
+		r.cond.Wait()
+	}
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.data)
+	r.data = r.data[n:]
+	return n, nil
+}
+
+// Close ends the ring: readers drain what is left, then get io.EOF.
+func (r *ring) Close() {
+	r.mu.Lock()
+	r.closed = true
+	r.cond.Broadcast()
+	r.mu.Unlock()
+}
+
+// Dropped reports how many bytes were dropped for want of a reader.
+func (r *ring) Dropped() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.dropped
+}

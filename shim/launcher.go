@@ -1,0 +1,256 @@
+package shim
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+
+	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmshim/vmshim/config"
+	"github.com/vmshim/vmshim/image"
+	"github.com/vmshim/vmshim/qemu"
+)
+
+// runtimeRoot holds each VM's runtime directory (QMP socket). It is short
+// so socket paths stay within the unix socket path limit.
+const runtimeRoot = "/run/vmshim"
+
+// overlayDir is where, inside the container's writable layer, the VM's
+// root disk overlay lives.
+const overlayDir = ".vmshim"
+
+// qemuLauncher creates VMs with QEMU from a bundle.
+type qemuLauncher struct {
+	mu     sync.Mutex // guards accels
+	accels map[string]qemu.Accel
+}
+
+// NewLauncher returns the Launcher that boots VMs with QEMU.
+func NewLauncher() Launcher {
+	return &qemuLauncher{accels: make(map[string]qemu.Accel)}
+}
+
+// Launch resolves the task's settings, prepares its disks and starts QEMU
+// with the vCPUs stopped. On failure it leaves nothing behind.
+func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retErr error) {
+	cfg, err := loadConfig(r.Options)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := readSpec(r.Bundle)
+	if err != nil {
+		return nil, err
+	}
+	desc, err := config.Resolve(cfg, r.ID, spec)
+	if err != nil {
+		return nil, err
+	}
+	binary, err := exec.LookPath(cfg.QEMUBinary)
+	if err != nil {
+		return nil, fmt.Errorf("qemu binary %q not found: %w", cfg.QEMUBinary, errdefs.ErrFailedPrecondition)
+	}
+	ns, _ := namespaces.Namespace(ctx)
+	rec := &record{ID: r.ID, Bundle: r.Bundle, RuntimeDir: runtimeDir(ns, r.ID)}
+	if err := rec.save(); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			rec.release(ctx)
+		}
+	}()
+
+	rootfs := filepath.Join(r.Bundle, "rootfs")
+	if len(r.Rootfs) > 0 {
+		rec.Rootfs = rootfs
+		if err := rec.save(); err != nil {
+			return nil, err
+		}
+		if err := mount.All(r.Rootfs, rootfs); err != nil {
+			return nil, fmt.Errorf("mount rootfs: %w", err)
+		}
+	}
+	boot, err := image.Find(rootfs)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(rec.RuntimeDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create runtime dir: %w", err)
+	}
+
+	qs := qemu.Spec{
+		Name:      r.ID,
+		CPUs:      desc.VCPUs,
+		MemoryMiB: desc.MemoryMiB,
+		QMPSocket: filepath.Join(rec.RuntimeDir, "qmp.sock"),
+		Sandbox:   cfg.Sandbox,
+		Paused:    true,
+	}
+	if boot.Disk != "" {
+		info, err := image.Inspect(ctx, cfg.QEMUImg, boot, image.Limits{MaxVirtualSize: cfg.MaxDiskBytes()})
+		if err != nil {
+			return nil, err
+		}
+		rec.Overlay = filepath.Join(rootfs, overlayDir, "root.qcow2")
+		if err := rec.save(); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(filepath.Dir(rec.Overlay), 0o700); err != nil {
+			return nil, fmt.Errorf("create overlay dir: %w", err)
+		}
+		if err := image.CreateOverlay(ctx, cfg.QEMUImg, boot.Disk, boot.Format, info.VirtualSize, rec.Overlay, desc.RootDiskSize); err != nil {
+			return nil, err
+		}
+		qs.Drives = []qemu.Drive{{
+			ID: "root", Path: rec.Overlay, Format: "qcow2",
+			BackingPath: boot.Disk, BackingFormat: boot.Format,
+			Driver: desc.DiskDriver, BootIndex: 1,
+		}}
+	} else {
+		qs.Kernel, qs.Initrd, qs.Append = boot.Kernel, boot.Initrd, desc.KernelCmdline
+	}
+	if qs.Accel, err = l.accel(ctx, cfg.Accel, binary); err != nil {
+		return nil, err
+	}
+
+	guestEnd, shimEnd, err := consolePair()
+	if err != nil {
+		return nil, err
+	}
+	defer guestEnd.Close()
+	defer func() {
+		if retErr != nil {
+			shimEnd.Close()
+		}
+	}()
+	var fds qemu.FDSet
+	qs.ConsoleFD = fds.Add(guestEnd)
+
+	bootCtx, cancel := context.WithTimeout(ctx, desc.BootTimeout)
+	defer cancel()
+	logger := log.G(ctx).WithField("id", r.ID)
+	stderr := logger.WriterLevel(logrus.WarnLevel)
+	vm, err := qemu.Launch(bootCtx, qemu.LaunchConfig{
+		Binary: binary, Spec: qs, Files: fds.Files(), Stderr: stderr, Dir: rec.RuntimeDir,
+	})
+	if err != nil {
+		stderr.Close()
+		return nil, fmt.Errorf("start vm %s: %w", r.ID, err)
+	}
+	rec.QEMUPid = vm.Pid()
+	rec.QEMUStart, _ = processStart(vm.Pid())
+	if err := rec.save(); err != nil {
+		_ = vm.Kill()
+		<-vm.Done()
+		stderr.Close()
+		return nil, err
+	}
+	logger.WithFields(log.Fields{"pid": vm.Pid(), "accel": qs.Accel}).Info("vm created")
+	return &qemuVM{VM: vm, console: shimEnd, rec: rec, stderr: stderr}, nil
+}
+
+// accel picks the accelerator for a mode once per shim process.
+func (l *qemuLauncher) accel(ctx context.Context, mode, binary string) (qemu.Accel, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if a, ok := l.accels[mode]; ok {
+		return a, nil
+	}
+	a, reason, err := qemu.ChooseAccel(ctx, mode, binary)
+	if err != nil {
+		return "", err
+	}
+	log.G(ctx).WithFields(log.Fields{"accel": a, "reason": reason}).Info("accelerator chosen")
+	l.accels[mode] = a
+	return a, nil
+}
+
+// runtimeDir is the VM's runtime directory, named by a hash of its
+// namespace and id to stay short.
+func runtimeDir(ns, id string) string {
+	sum := sha256.Sum256([]byte(ns + "/" + id))
+	return filepath.Join(runtimeRoot, hex.EncodeToString(sum[:8]))
+}
+
+// consolePair returns a connected pair of stream sockets: one for QEMU's
+// serial port, one for the shim.
+func consolePair() (guest *os.File, shimSide net.Conn, err error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("console socketpair: %w", err)
+	}
+	guest = os.NewFile(uintptr(fds[0]), "console-guest")
+	f := os.NewFile(uintptr(fds[1]), "console-shim")
+	defer f.Close()
+	if shimSide, err = net.FileConn(f); err != nil {
+		guest.Close()
+		return nil, nil, fmt.Errorf("console socket: %w", err)
+	}
+	return guest, shimSide, nil
+}
+
+// loadConfig reads the shim configuration, honouring the ConfigPath of
+// containerd's runtime options.
+func loadConfig(opts typeurl.Any) (config.Config, error) {
+	var explicit string
+	if opts != nil && opts.GetTypeUrl() != "" {
+		v, err := typeurl.UnmarshalAny(opts)
+		if err != nil {
+			return config.Config{}, fmt.Errorf("runtime options: %w", err)
+		}
+		if o, ok := v.(*runtimeoptions.Options); ok {
+			explicit = o.ConfigPath
+		}
+	}
+	return config.Load(config.PathFrom(explicit))
+}
+
+// readSpec reads the bundle's OCI runtime spec.
+func readSpec(bundle string) (*specs.Spec, error) {
+	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("read bundle spec: %w", err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return nil, fmt.Errorf("parse bundle spec: %w", errdefs.ErrInvalidArgument)
+	}
+	return &spec, nil
+}
+
+// qemuVM is a QEMU VM with the host resources recorded for it.
+type qemuVM struct {
+	*qemu.VM
+	console net.Conn
+	rec     *record
+	stderr  io.Closer
+}
+
+// Console returns the shim's end of the guest's serial port.
+func (v *qemuVM) Console() io.ReadWriteCloser { return v.console }
+
+// Powerdown presses the ACPI power button.
+func (v *qemuVM) Powerdown(ctx context.Context) error { return v.VM.Powerdown(ctx) }
+
+// Release frees what the VM held once QEMU has exited.
+func (v *qemuVM) Release(ctx context.Context) {
+	v.stderr.Close()
+	v.rec.release(ctx)
+}

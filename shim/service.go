@@ -1,0 +1,301 @@
+package shim
+
+import (
+	"context"
+	"os"
+	"sync"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	apitask "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/runtime"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/protobuf"
+	"github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/containerd/v2/pkg/shutdown"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+	"google.golang.org/protobuf/types/known/emptypb"
+)
+
+var _ shim.TTRPCService = (*service)(nil)
+
+// service is the ttrpc task service: each RPC finds the task, calls it,
+// and maps the error once.
+type service struct {
+	ctx      context.Context
+	launcher Launcher
+	events   chan any
+	shutdown shutdown.Service
+
+	mu    sync.Mutex // guards tasks
+	tasks map[string]*task
+}
+
+// NewTaskService returns the task service; it publishes events until the
+// shim shuts down.
+func NewTaskService(ctx context.Context, publisher shim.Publisher, sd shutdown.Service, l Launcher) (taskAPI.TTRPCTaskService, error) {
+	s := &service{
+		ctx:      ctx,
+		launcher: l,
+		events:   make(chan any, 128),
+		shutdown: sd,
+		tasks:    make(map[string]*task),
+	}
+	go s.forward(ctx, publisher)
+	sd.RegisterCallback(func(context.Context) error {
+		close(s.events)
+		return nil
+	})
+	if address, err := shim.ReadAddress("address"); err == nil {
+		sd.RegisterCallback(func(context.Context) error { return shim.RemoveSocket(address) })
+	}
+	return s, nil
+}
+
+// RegisterTTRPC registers the service with the shim's ttrpc server.
+func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
+	taskAPI.RegisterTTRPCTaskService(server, s)
+	return nil
+}
+
+// Create creates a VM with its vCPUs stopped.
+func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
+	s.mu.Lock()
+	_, exists := s.tasks[r.ID]
+	s.mu.Unlock()
+	if exists {
+		return nil, errgrpc.ToGRPCf(errdefs.ErrAlreadyExists, "task %s", r.ID)
+	}
+	req := &CreateRequest{ID: r.ID, Bundle: r.Bundle, Rootfs: mount.FromProto(r.Rootfs)}
+	if r.Options != nil {
+		req.Options = r.Options
+	}
+	vm, err := s.launcher.Launch(ctx, req)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	io := stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal}
+	t := newTask(s.ctx, r.ID, r.Bundle, io, vm, s.exited)
+	s.mu.Lock()
+	s.tasks[r.ID] = t
+	s.mu.Unlock()
+	s.send(&eventstypes.TaskCreate{
+		ContainerID: r.ID,
+		Bundle:      r.Bundle,
+		Rootfs:      r.Rootfs,
+		IO:          &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
+		Pid:         uint32(vm.Pid()),
+	})
+	return &taskAPI.CreateTaskResponse{Pid: uint32(vm.Pid())}, nil
+}
+
+// Start runs the VM.
+func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
+	t, err := s.get(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.start(ctx); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	s.send(&eventstypes.TaskStart{ContainerID: t.id, Pid: uint32(t.vm.Pid())})
+	return &taskAPI.StartResponse{Pid: uint32(t.vm.Pid())}, nil
+}
+
+// Delete releases a stopped task.
+func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+	t, err := s.get(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.delete(ctx); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	s.mu.Lock()
+	delete(s.tasks, r.ID)
+	s.mu.Unlock()
+	_, code, at := t.snapshot()
+	s.send(&eventstypes.TaskDelete{
+		ContainerID: t.id, Pid: uint32(t.vm.Pid()), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at),
+	})
+	return &taskAPI.DeleteResponse{Pid: uint32(t.vm.Pid()), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at)}, nil
+}
+
+// State reports the task's status.
+func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
+	t, err := s.get(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	st, code, at := t.snapshot()
+	return &taskAPI.StateResponse{
+		ID: t.id, Bundle: t.bundle, Pid: uint32(t.vm.Pid()), Status: st.status(),
+		Stdin: t.stdio.stdin, Stdout: t.stdio.stdout, Stderr: t.stdio.stderr, Terminal: t.stdio.terminal,
+		ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at),
+	}, nil
+}
+
+// Kill delivers a signal to the VM (see task.kill).
+func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptypb.Empty, error) {
+	t, err := s.get(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.kill(ctx, r.Signal); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// Wait blocks until the task exits.
+func (s *service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.WaitResponse, error) {
+	t, err := s.get(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.wait(ctx); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	_, code, at := t.snapshot()
+	return &taskAPI.WaitResponse{ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at)}, nil
+}
+
+// Pids lists the QEMU process.
+func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.PidsResponse, error) {
+	t, err := s.get(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	return &taskAPI.PidsResponse{Processes: []*apitask.ProcessInfo{{Pid: uint32(t.vm.Pid())}}}, nil
+}
+
+// Pause stops the VM's vCPUs.
+func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*emptypb.Empty, error) {
+	t, err := s.get(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	if err := t.pause(ctx); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	s.send(&eventstypes.TaskPaused{ContainerID: t.id})
+	return &emptypb.Empty{}, nil
+}
+
+// Resume restarts the VM's vCPUs.
+func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*emptypb.Empty, error) {
+	t, err := s.get(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	if err := t.resume(ctx); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	s.send(&eventstypes.TaskResumed{ContainerID: t.id})
+	return &emptypb.Empty{}, nil
+}
+
+// CloseIO stops forwarding stdin to the guest console.
+func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*emptypb.Empty, error) {
+	t, err := s.get(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if r.Stdin {
+		t.cons.closeStdin()
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// ResizePty is accepted and ignored: the guest's serial console has no
+// window size to set.
+func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*emptypb.Empty, error) {
+	if _, err := s.get(r.ID, r.ExecID); err != nil {
+		return nil, err
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// Exec is not available yet for VM tasks.
+func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*emptypb.Empty, error) {
+	return nil, errgrpc.ToGRPCf(errdefs.ErrNotImplemented, "exec is not supported by VM tasks")
+}
+
+// Checkpoint is not supported for VM tasks.
+func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*emptypb.Empty, error) {
+	return nil, errgrpc.ToGRPCf(errdefs.ErrNotImplemented, "checkpoint is not supported by VM tasks")
+}
+
+// Update is not supported for VM tasks yet.
+func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*emptypb.Empty, error) {
+	return nil, errgrpc.ToGRPCf(errdefs.ErrNotImplemented, "update is not supported by VM tasks")
+}
+
+// Stats is not supported for VM tasks yet.
+func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
+	return nil, errgrpc.ToGRPCf(errdefs.ErrNotImplemented, "stats are not supported by VM tasks")
+}
+
+// Connect returns the shim's and the VM's pids.
+func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
+	resp := &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid())}
+	if t, err := s.get(r.ID, ""); err == nil {
+		resp.TaskPid = uint32(t.vm.Pid())
+	}
+	return resp, nil
+}
+
+// Shutdown ends the shim once it serves no task.
+func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*emptypb.Empty, error) {
+	s.mu.Lock()
+	n := len(s.tasks)
+	s.mu.Unlock()
+	if n == 0 {
+		s.shutdown.Shutdown()
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// get finds a task; exec ids are refused until exec exists.
+func (s *service) get(id, execID string) (*task, error) {
+	if execID != "" {
+		return nil, errgrpc.ToGRPCf(errdefs.ErrNotFound, "exec %s in task %s", execID, id)
+	}
+	s.mu.Lock()
+	t := s.tasks[id]
+	s.mu.Unlock()
+	if t == nil {
+		return nil, errgrpc.ToGRPCf(errdefs.ErrNotFound, "task %s", id)
+	}
+	return t, nil
+}
+
+// exited publishes a task's exit.
+func (s *service) exited(t *task) {
+	_, code, at := t.snapshot()
+	s.send(&eventstypes.TaskExit{
+		ContainerID: t.id, ID: t.id, Pid: uint32(t.vm.Pid()), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at),
+	})
+}
+
+func (s *service) send(e any) {
+	s.events <- e
+}
+
+// forward publishes events to containerd in order.
+func (s *service) forward(ctx context.Context, publisher shim.Publisher) {
+	ns, _ := namespaces.Namespace(ctx)
+	ctx = namespaces.WithNamespace(context.Background(), ns)
+	for e := range s.events {
+		if err := publisher.Publish(ctx, runtime.GetTopic(e), e); err != nil {
+			log.G(ctx).WithError(err).Error("publish event")
+		}
+	}
+	if err := publisher.Close(); err != nil {
+		log.G(ctx).WithError(err).Debug("close publisher")
+	}
+}

@@ -1,0 +1,188 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+)
+
+// flushTimeout bounds how long an exit waits for the last console output
+// to reach stdout before it is reported.
+const flushTimeout = 2 * time.Second
+
+// stdio names the task's IO fifos, as containerd passed them.
+type stdio struct {
+	stdin, stdout, stderr string
+	terminal              bool
+}
+
+// task is one container: a VM and its console.
+type task struct {
+	id     string
+	bundle string
+	stdio  stdio
+	vm     VM
+	cons   *console
+
+	mu       sync.Mutex // guards st, exitCode and exitedAt; the only writer of st is transition
+	st       state
+	exitCode int
+	exitedAt time.Time
+	exited   chan struct{} // closed when the task is stopped
+}
+
+// newTask wraps a created VM; onExit is called once, after the task has
+// become stopped.
+func newTask(ctx context.Context, id, bundle string, io stdio, vm VM, onExit func(*task)) *task {
+	t := &task{
+		id: id, bundle: bundle, stdio: io, vm: vm,
+		cons:   newConsole(ctx, vm.Console(), io.stdin, io.stdout),
+		exited: make(chan struct{}),
+	}
+	go t.monitor(ctx, onExit)
+	return t
+}
+
+// transition moves the task to state to; callers hold t.mu.
+func (t *task) transition(to state) error {
+	if err := t.st.next(to); err != nil {
+		return fmt.Errorf("task %s: %w", t.id, err)
+	}
+	t.st = to
+	return nil
+}
+
+// monitor waits for QEMU to exit, lets the console drain, and records
+// the exit.
+func (t *task) monitor(ctx context.Context, onExit func(*task)) {
+	<-t.vm.Done()
+	select {
+	case <-t.cons.flushed():
+	case <-time.After(flushTimeout):
+		log.G(ctx).WithField("id", t.id).Warn("console output not drained before exit")
+	}
+	code, at := t.vm.ExitStatus()
+	t.mu.Lock()
+	if err := t.transition(stateStopped); err != nil {
+		log.G(ctx).WithError(err).Error("record exit")
+	}
+	t.exitCode, t.exitedAt = code, at
+	close(t.exited)
+	t.mu.Unlock()
+	onExit(t)
+}
+
+// start runs the VM's vCPUs.
+func (t *task) start(ctx context.Context) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.st != stateCreated {
+		return fmt.Errorf("task %s is %s, not created: %w", t.id, t.st, errdefs.ErrFailedPrecondition)
+	}
+	if err := t.vm.Start(ctx); err != nil {
+		return fmt.Errorf("start vm %s: %w", t.id, err)
+	}
+	return t.transition(stateRunning)
+}
+
+// kill delivers a signal the way a VM understands it: SIGTERM, SIGINT and
+// SIGPWR press the power button, SIGKILL stops QEMU at once.
+func (t *task) kill(ctx context.Context, sig uint32) error {
+	t.mu.Lock()
+	st := t.st
+	t.mu.Unlock()
+	if st == stateStopped || st == stateDeleted {
+		return fmt.Errorf("task %s: process already finished: %w", t.id, errdefs.ErrNotFound)
+	}
+	switch syscall.Signal(sig) {
+	case 0:
+		return nil
+	case unix.SIGKILL:
+		return t.vm.Kill()
+	case unix.SIGTERM, unix.SIGINT, unix.SIGPWR:
+		if st == stateCreated {
+			// A guest whose vCPUs never ran cannot see the power button.
+			return t.vm.Kill()
+		}
+		if err := t.vm.Powerdown(ctx); err != nil {
+			return fmt.Errorf("power down vm %s: %w", t.id, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("signal %d is not supported by VM tasks (SIGTERM, SIGINT and SIGPWR power the guest down, SIGKILL stops it): %w",
+		sig, errdefs.ErrNotImplemented)
+}
+
+// pause stops the vCPUs.
+func (t *task) pause(ctx context.Context) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.st.next(statePaused); err != nil {
+		return fmt.Errorf("task %s: %w", t.id, err)
+	}
+	if err := t.vm.Pause(ctx); err != nil {
+		return fmt.Errorf("pause vm %s: %w", t.id, err)
+	}
+	return t.transition(statePaused)
+}
+
+// resume restarts the vCPUs of a paused task.
+func (t *task) resume(ctx context.Context) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.st != statePaused {
+		return fmt.Errorf("task %s is %s, not paused: %w", t.id, t.st, errdefs.ErrFailedPrecondition)
+	}
+	if err := t.vm.Resume(ctx); err != nil {
+		return fmt.Errorf("resume vm %s: %w", t.id, err)
+	}
+	return t.transition(stateRunning)
+}
+
+// delete releases a stopped task's resources. A created task that never
+// started is stopped first, as containerd expects.
+func (t *task) delete(ctx context.Context) error {
+	t.mu.Lock()
+	st := t.st
+	t.mu.Unlock()
+	if st == stateCreated {
+		if err := t.vm.Kill(); err != nil {
+			return fmt.Errorf("stop created vm %s: %w", t.id, err)
+		}
+		if err := t.wait(ctx); err != nil {
+			return err
+		}
+	}
+	t.mu.Lock()
+	err := t.transition(stateDeleted)
+	t.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	_ = t.cons.Close()
+	t.vm.Release(ctx)
+	return nil
+}
+
+// wait blocks until the task is stopped or ctx ends.
+func (t *task) wait(ctx context.Context) error {
+	select {
+	case <-t.exited:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// snapshot returns the task's state and exit.
+func (t *task) snapshot() (state, int, time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.st, t.exitCode, t.exitedAt
+}
