@@ -41,6 +41,7 @@ unit: ## run the unit tests
 
 integration: guest ## run the integration tests against a real containerd, QEMU and guests
 	VMSHIM_INTEGRATION=1 VMSHIM_BIN=$(BIN) VMSHIM_CONTAINERD=$(CONTAINERD_DIR) VMSHIM_GUEST=$(GUEST_DIR) \
+		VMSHIM_GUEST_TEST=1 VMSHIM_GUEST_DIR=$(GUEST_DIR) \
 		$(GO) test -count=1 -timeout 40m -v ./integration/...
 
 test: unit integration ## set up and run all tests

@@ -40,7 +40,7 @@ CTD_PID=$!
 for _ in $(seq 100); do "${CTR[@]}" version >/dev/null 2>&1 && break; sleep 0.1; done
 
 say "importing the test VM images (a Debian kernel + busybox guest)"
-"${CTR[@]}" images import "$VMSHIM_GUEST/disk-poweroff.tar" "$VMSHIM_GUEST/kernel-wait.tar"
+for a in disk-poweroff kernel-wait; do "${CTR[@]}" images import "$VMSHIM_GUEST/$a.tar"; done
 "${CTR[@]}" images ls -q
 
 say "ctr run --rm --runtime $RUNTIME localhost/vmshim-test/disk:poweroff demo-disk"
@@ -51,7 +51,11 @@ echo "exit status: $?"
 say "ctr run --rm --runtime $RUNTIME localhost/vmshim-test/kernel:wait demo-kernel   (in the background)"
 "${CTR[@]}" run --rm --runtime "$RUNTIME" localhost/vmshim-test/kernel:wait demo-kernel >"$DIR/console.log" 2>&1 &
 RUN_PID=$!
-for _ in $(seq 600); do grep -q VMSHIM-GUEST-BOOTED "$DIR/console.log" 2>/dev/null && break; sleep 0.2; done
+for _ in $(seq 600); do
+	grep -q VMSHIM-GUEST-BOOTED "$DIR/console.log" 2>/dev/null && break
+	if ! kill -0 "$RUN_PID" 2>/dev/null; then cat "$DIR/console.log"; echo "ctr run ended early" >&2; exit 1; fi
+	sleep 0.2
+done
 "${CTR[@]}" task ls
 say "ctr task kill demo-kernel   (SIGTERM: the ACPI power button)"
 "${CTR[@]}" task kill demo-kernel

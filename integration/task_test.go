@@ -2,12 +2,16 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	apievents "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/typeurl/v2"
 )
 
@@ -88,7 +92,7 @@ func TestSIGKILL(t *testing.T) {
 func TestQEMUKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
 	defer cancel()
-	events, errs := env.client.EventService().Subscribe(ctx, `topic=="/tasks/exit"`)
+	exits := subscribeExits(ctx, t)
 	v := startVM(ctx, t, imageKernelWait)
 	v.console.waitFor(ctx, t, markerBooted)
 	if err := syscall.Kill(int(v.task.Pid()), syscall.SIGKILL); err != nil {
@@ -97,31 +101,84 @@ func TestQEMUKilled(t *testing.T) {
 	killed := time.Now()
 	// The acceptance bound for noticing a dead QEMU: exits are seen by
 	// waiting on the process, not by polling.
-	deadline := time.After(2 * time.Second)
+	exit := exits.next(ctx, t, v.id, 2*time.Second)
+	if exit.ExitStatus == 0 {
+		t.Errorf("TaskExit status 0, want non-zero")
+	}
+	t.Logf("TaskExit %d after %v", exit.ExitStatus, time.Since(killed))
+	v.remove(t)
+	assertNothingLeft(ctx, t, v.id)
+}
+
+// exitEvents delivers containerd's /tasks/exit events.
+type exitEvents struct {
+	events <-chan *events.Envelope
+	errs   <-chan error
+}
+
+// subscribeExits subscribes to TaskExit events before a test acts.
+func subscribeExits(ctx context.Context, t *testing.T) *exitEvents {
+	events, errs := env.client.EventService().Subscribe(ctx, `topic=="/tasks/exit"`)
+	return &exitEvents{events: events, errs: errs}
+}
+
+// next returns the next TaskExit of container id, failing the test if none
+// comes within limit.
+func (e *exitEvents) next(ctx context.Context, t *testing.T, id string, limit time.Duration) *apievents.TaskExit {
+	t.Helper()
+	deadline := time.After(limit)
 	for {
 		select {
-		case env := <-events:
+		case env := <-e.events:
 			ev, err := typeurl.UnmarshalAny(env.Event)
 			if err != nil {
 				t.Fatal(err)
 			}
-			exit, ok := ev.(*apievents.TaskExit)
-			if !ok || exit.ContainerID != v.id {
-				continue
+			if exit, ok := ev.(*apievents.TaskExit); ok && exit.ContainerID == id {
+				return exit
 			}
-			if exit.ExitStatus == 0 {
-				t.Errorf("TaskExit status 0, want non-zero")
-			}
-			t.Logf("TaskExit %d after %v", exit.ExitStatus, time.Since(killed))
-			v.remove(t)
-			assertNothingLeft(ctx, t, v.id)
-			return
-		case err := <-errs:
+		case err := <-e.errs:
 			t.Fatalf("events: %v", err)
 		case <-deadline:
-			t.Fatalf("no TaskExit within 2s of killing qemu")
+			t.Fatalf("no TaskExit for %s within %v", id, limit)
 		case <-ctx.Done():
-			t.Fatalf("no TaskExit: %v", ctx.Err())
+			t.Fatalf("no TaskExit for %s: %v", id, ctx.Err())
+		}
+	}
+}
+
+// TestShimKilled kills the shim behind containerd's back: containerd runs
+// the shim's delete action, which must stop QEMU and release everything
+// from the record in the bundle.
+func TestShimKilled(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+	defer cancel()
+	v := startVM(ctx, t, imageKernelWait)
+	v.console.waitFor(ctx, t, markerBooted)
+	shims := processesMentioning("containerd-shim-vm-v2 -namespace " + testNamespace + " -id " + v.id)
+	if len(shims) != 1 {
+		t.Fatalf("want one shim process for %s, found %v", v.id, shims)
+	}
+	pid, _, _ := strings.Cut(shims[0], ":")
+	shimPid, err := strconv.Atoi(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qemuPid := int(v.task.Pid())
+	exits := subscribeExits(ctx, t)
+	if err := syscall.Kill(shimPid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill shim: %v", err)
+	}
+	if exit := exits.next(ctx, t, v.id, time.Minute); exit.ExitStatus == 0 {
+		t.Errorf("exit status 0 after the shim was killed, want non-zero")
+	}
+	// containerd has already deleted the task of the dead shim.
+	v.task = nil
+	v.remove(t)
+	assertNothingLeft(ctx, t, v.id)
+	if err := syscall.Kill(qemuPid, 0); err == nil {
+		if st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", qemuPid)); !strings.Contains(string(st), ") Z") {
+			t.Errorf("qemu pid %d still alive after the shim's delete action", qemuPid)
 		}
 	}
 }
