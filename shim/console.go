@@ -12,9 +12,9 @@ import (
 )
 
 // consoleBuffer bounds how much console output waits for a slow reader of
-// the task's stdout; past it the oldest output is dropped, so the guest
-// never stalls on its serial port.
-const consoleBuffer = 1 << 20
+// the task's stdout (about 20 s of a 115200 baud serial port); past it the
+// oldest output is dropped, so the guest never stalls on its serial port.
+const consoleBuffer = 256 << 10
 
 // console joins the guest's serial port to the task's stdio fifos.
 type console struct {
@@ -136,8 +136,10 @@ func (c *console) Close() error {
 type ring struct {
 	mu      sync.Mutex // guards everything below
 	cond    *sync.Cond
-	data    []byte
+	buf     []byte // circular, allocated on first write
 	limit   int
+	start   int // index of the oldest byte
+	n       int // bytes held
 	closed  bool
 	dropped int64
 }
@@ -155,13 +157,26 @@ func (r *ring) Write(p []byte) (int, error) {
 	if r.closed {
 		return 0, io.ErrClosedPipe
 	}
-	r.data = append(r.data, p...)
-	if over := len(r.data) - r.limit; over > 0 {
-		r.dropped += int64(over)
-		r.data = append(r.data[:0], r.data[over:]...)
+	if r.buf == nil {
+		r.buf = make([]byte, r.limit)
 	}
+	written := len(p)
+	if len(p) >= r.limit {
+		// Only the newest limit bytes of p survive.
+		r.dropped += int64(r.n + len(p) - r.limit)
+		p = p[len(p)-r.limit:]
+		r.start, r.n = 0, 0
+	} else if over := r.n + len(p) - r.limit; over > 0 {
+		r.start = (r.start + over) % r.limit
+		r.n -= over
+		r.dropped += int64(over)
+	}
+	end := (r.start + r.n) % r.limit
+	c := copy(r.buf[end:], p)
+	copy(r.buf, p[c:])
+	r.n += len(p)
 	r.cond.Signal()
-	return len(p), nil
+	return written, nil
 }
 
 // Read blocks until data is available; it returns io.EOF once the ring is
@@ -169,15 +184,18 @@ func (r *ring) Write(p []byte) (int, error) {
 func (r *ring) Read(p []byte) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for len(r.data) == 0 && !r.closed {
+	for r.n == 0 && !r.closed {
 		r.cond.Wait()
 	}
-	if len(r.data) == 0 {
+	if r.n == 0 {
 		return 0, io.EOF
 	}
-	n := copy(p, r.data)
-	r.data = r.data[n:]
-	return n, nil
+	k := min(len(p), r.n)
+	c := copy(p[:k], r.buf[r.start:min(r.start+k, r.limit)])
+	copy(p[c:k], r.buf)
+	r.start = (r.start + k) % r.limit
+	r.n -= k
+	return k, nil
 }
 
 // Close ends the ring: readers drain what is left, then get io.EOF.

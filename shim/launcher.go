@@ -58,6 +58,9 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 	if err != nil {
 		return nil, err
 	}
+	if isSandbox(spec) {
+		return newSandboxVM(), nil
+	}
 	desc, err := config.Resolve(cfg, r.ID, spec)
 	if err != nil {
 		return nil, err

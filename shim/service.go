@@ -28,11 +28,15 @@ var _ shim.TTRPCService = (*service)(nil)
 type service struct {
 	ctx      context.Context
 	launcher Launcher
-	events   chan any
 	shutdown shutdown.Service
 
-	mu    sync.Mutex // guards tasks
-	tasks map[string]*task
+	evMu     sync.Mutex // guards events and evClosed
+	events   chan any
+	evClosed bool
+
+	mu       sync.Mutex // guards tasks and creating
+	tasks    map[string]*task
+	creating map[string]bool // ids whose Create is under way
 }
 
 // NewTaskService returns the task service; it publishes events until the
@@ -44,10 +48,14 @@ func NewTaskService(ctx context.Context, publisher shim.Publisher, sd shutdown.S
 		events:   make(chan any, 128),
 		shutdown: sd,
 		tasks:    make(map[string]*task),
+		creating: make(map[string]bool),
 	}
 	go s.forward(ctx, publisher)
 	sd.RegisterCallback(func(context.Context) error {
+		s.evMu.Lock()
+		s.evClosed = true
 		close(s.events)
+		s.evMu.Unlock()
 		return nil
 	})
 	if address, err := shim.ReadAddress("address"); err == nil {
@@ -66,10 +74,17 @@ func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
 func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
 	s.mu.Lock()
 	_, exists := s.tasks[r.ID]
-	s.mu.Unlock()
-	if exists {
+	if exists || s.creating[r.ID] {
+		s.mu.Unlock()
 		return nil, errgrpc.ToGRPCf(errdefs.ErrAlreadyExists, "task %s", r.ID)
 	}
+	s.creating[r.ID] = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.creating, r.ID)
+		s.mu.Unlock()
+	}()
 	req := &CreateRequest{ID: r.ID, Bundle: r.Bundle, Rootfs: mount.FromProto(r.Rootfs)}
 	if r.Options != nil {
 		req.Options = r.Options
@@ -252,7 +267,7 @@ func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*task
 // Shutdown ends the shim once it serves no task.
 func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*emptypb.Empty, error) {
 	s.mu.Lock()
-	n := len(s.tasks)
+	n := len(s.tasks) + len(s.creating)
 	s.mu.Unlock()
 	if n == 0 {
 		s.shutdown.Shutdown()
@@ -282,7 +297,15 @@ func (s *service) exited(t *task) {
 	})
 }
 
+// send queues an event for containerd; once the shim is shutting down,
+// events have nowhere to go and are dropped.
 func (s *service) send(e any) {
+	s.evMu.Lock()
+	defer s.evMu.Unlock()
+	if s.evClosed {
+		log.G(s.ctx).WithField("topic", runtime.GetTopic(e)).Warn("event after shutdown dropped")
+		return
+	}
 	s.events <- e
 }
 

@@ -34,7 +34,7 @@ type task struct {
 	st       state
 	exitCode int
 	exitedAt time.Time
-	exited   chan struct{} // closed when the task is stopped
+	exited   chan struct{} // closed when the task is stopped and its exit published
 }
 
 // newTask wraps a created VM; onExit is called once, after the task has
@@ -73,9 +73,11 @@ func (t *task) monitor(ctx context.Context, onExit func(*task)) {
 		log.G(ctx).WithError(err).Error("record exit")
 	}
 	t.exitCode, t.exitedAt = code, at
-	close(t.exited)
 	t.mu.Unlock()
 	onExit(t)
+	// Only now may Wait and Delete return: TaskExit is queued before
+	// TaskDelete, and before a shutdown closes the event queue.
+	close(t.exited)
 }
 
 // start runs the VM's vCPUs.
@@ -151,13 +153,17 @@ func (t *task) delete(ctx context.Context) error {
 	t.mu.Lock()
 	st := t.st
 	t.mu.Unlock()
-	if st == stateCreated {
+	switch st {
+	case stateRunning, statePaused:
+		return fmt.Errorf("task %s: %w", t.id, st.next(stateDeleted))
+	case stateCreated:
 		if err := t.vm.Kill(); err != nil {
 			return fmt.Errorf("stop created vm %s: %w", t.id, err)
 		}
-		if err := t.wait(ctx); err != nil {
-			return err
-		}
+	}
+	// A stopped task's exit may still be on its way to the event queue.
+	if err := t.wait(ctx); err != nil {
+		return err
 	}
 	t.mu.Lock()
 	err := t.transition(stateDeleted)

@@ -1,0 +1,460 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/events"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/containerd/v2/pkg/shutdown"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+)
+
+// waitTimeout bounds every wait in these tests; nothing should come close.
+const waitTimeout = 5 * time.Second
+
+// fakeVM is a VM whose exit the test controls. Its console is one end of
+// a net.Pipe; the test plays the guest on the other end.
+type fakeVM struct {
+	pid   int
+	host  net.Conn // handed to the task as Console
+	guest net.Conn // the guest's side of the serial port
+	done  chan struct{}
+
+	exitOnce sync.Once
+	mu       sync.Mutex // guards everything below
+	calls    []string
+	code     int
+	at       time.Time
+	released int
+	// startErr and pauseErr, when set, fail Start and Pause.
+	startErr, pauseErr error
+	// killKeepsRunning stops Kill from ending the VM (the default mimics
+	// QEMU: SIGKILL ends it with 137).
+	killKeepsRunning bool
+	// pidGate, when set, makes the next Pid call wait until it is closed.
+	pidGate chan struct{}
+}
+
+func newFakeVM(pid int) *fakeVM {
+	host, guest := net.Pipe()
+	return &fakeVM{pid: pid, host: host, guest: guest, done: make(chan struct{})}
+}
+
+var _ VM = (*fakeVM)(nil)
+
+func (v *fakeVM) Pid() int {
+	v.mu.Lock()
+	gate := v.pidGate
+	v.pidGate = nil
+	v.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	return v.pid
+}
+
+func (v *fakeVM) Console() io.ReadWriteCloser { return v.host }
+
+func (v *fakeVM) record(call string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.calls = append(v.calls, call)
+}
+
+func (v *fakeVM) Start(context.Context) error {
+	v.record("start")
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.startErr
+}
+
+func (v *fakeVM) Powerdown(context.Context) error {
+	v.record("powerdown")
+	return nil
+}
+
+func (v *fakeVM) Kill() error {
+	v.record("kill")
+	v.mu.Lock()
+	keep := v.killKeepsRunning
+	v.mu.Unlock()
+	if !keep {
+		v.exit(137)
+	}
+	return nil
+}
+
+func (v *fakeVM) Pause(context.Context) error {
+	v.record("pause")
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.pauseErr
+}
+
+func (v *fakeVM) Resume(context.Context) error {
+	v.record("resume")
+	return nil
+}
+
+func (v *fakeVM) Done() <-chan struct{} { return v.done }
+
+func (v *fakeVM) ExitStatus() (int, time.Time) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.code, v.at
+}
+
+func (v *fakeVM) Release(context.Context) {
+	v.record("release")
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.released++
+}
+
+// exit ends the VM the way QEMU's exit does: the serial port closes, then
+// Done is closed. Only the first call counts.
+func (v *fakeVM) exit(code int) {
+	v.exitOnce.Do(func() {
+		v.mu.Lock()
+		v.code, v.at = code, time.Now()
+		v.mu.Unlock()
+		_ = v.guest.Close()
+		close(v.done)
+	})
+}
+
+// callList returns the calls made so far, in order.
+func (v *fakeVM) callList() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return append([]string(nil), v.calls...)
+}
+
+// count reports how many times call was made.
+func (v *fakeVM) count(call string) int {
+	n := 0
+	for _, c := range v.callList() {
+		if c == call {
+			n++
+		}
+	}
+	return n
+}
+
+func (v *fakeVM) releaseCount() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.released
+}
+
+// fakeLauncher hands out fake VMs and records what it was asked for.
+type fakeLauncher struct {
+	mu   sync.Mutex // guards everything below
+	err  error      // when set, Launch fails with it
+	next int
+	vms  map[string]*fakeVM
+	reqs []*CreateRequest
+}
+
+func newFakeLauncher() *fakeLauncher {
+	return &fakeLauncher{next: 1000, vms: make(map[string]*fakeVM)}
+}
+
+func (l *fakeLauncher) Launch(_ context.Context, r *CreateRequest) (VM, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.reqs = append(l.reqs, r)
+	if l.err != nil {
+		return nil, l.err
+	}
+	l.next++
+	v := newFakeVM(l.next)
+	l.vms[r.ID] = v
+	return v, nil
+}
+
+// vm returns the VM launched for id.
+func (l *fakeLauncher) vm(t *testing.T, id string) *fakeVM {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	v := l.vms[id]
+	if v == nil {
+		t.Fatalf("no vm launched for %s", id)
+	}
+	return v
+}
+
+// requests returns the launch requests so far.
+func (l *fakeLauncher) requests() []*CreateRequest {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]*CreateRequest(nil), l.reqs...)
+}
+
+// exitAll ends every VM still running.
+func (l *fakeLauncher) exitAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, v := range l.vms {
+		v.exit(0)
+	}
+}
+
+// published is one event as the publisher saw it.
+type published struct {
+	ns    string
+	topic string
+	event any
+}
+
+// fakePublisher records events in order.
+type fakePublisher struct {
+	mu      sync.Mutex // guards everything below
+	events  []published
+	cursor  int           // next event handed out by next
+	changed chan struct{} // closed and replaced on every change
+	closed  bool
+	// onPublish, when set, runs inside Publish before the event is recorded.
+	onPublish func(topic string, event any)
+}
+
+func newFakePublisher() *fakePublisher {
+	return &fakePublisher{changed: make(chan struct{})}
+}
+
+var _ shim.Publisher = (*fakePublisher)(nil)
+
+func (p *fakePublisher) Publish(ctx context.Context, topic string, event events.Event) error {
+	p.mu.Lock()
+	hook := p.onPublish
+	p.mu.Unlock()
+	if hook != nil {
+		hook(topic, event)
+	}
+	ns, _ := namespaces.Namespace(ctx)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.events = append(p.events, published{ns: ns, topic: topic, event: event})
+	close(p.changed)
+	p.changed = make(chan struct{})
+	return nil
+}
+
+func (p *fakePublisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	close(p.changed)
+	p.changed = make(chan struct{})
+	return nil
+}
+
+func (p *fakePublisher) setHook(fn func(topic string, event any)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.onPublish = fn
+}
+
+// waitUntil waits until cond, checked under p.mu, holds.
+func (p *fakePublisher) waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(waitTimeout)
+	for {
+		p.mu.Lock()
+		ok, changed := cond(), p.changed
+		p.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// next returns the next event not yet handed out, waiting for it.
+func (p *fakePublisher) next(t *testing.T) published {
+	t.Helper()
+	p.waitUntil(t, "an event", func() bool { return len(p.events) > p.cursor })
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e := p.events[p.cursor]
+	p.cursor++
+	return e
+}
+
+// expect returns the next event and checks its topic and type.
+func expect[E any](t *testing.T, p *fakePublisher, topic string) E {
+	t.Helper()
+	e := p.next(t)
+	if e.topic != topic {
+		t.Fatalf("event %s (%T), want %s", e.topic, e.event, topic)
+	}
+	ev, ok := e.event.(E)
+	if !ok {
+		t.Fatalf("event %s is %T", topic, e.event)
+	}
+	return ev
+}
+
+// all returns every event published so far.
+func (p *fakePublisher) all() []published {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]published(nil), p.events...)
+}
+
+// testLogger returns a context whose logger prints nothing (goroutines
+// may still log after the test ends) and records warnings and errors.
+func testLogger(t *testing.T) (context.Context, *logRecorder) {
+	t.Helper()
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	l.SetLevel(logrus.DebugLevel)
+	rec := &logRecorder{}
+	l.AddHook(rec)
+	return log.WithLogger(context.Background(), logrus.NewEntry(l)), rec
+}
+
+// logRecorder is a logrus hook that keeps warnings and errors.
+type logRecorder struct {
+	mu      sync.Mutex // guards entries
+	entries []string
+}
+
+func (r *logRecorder) Levels() []logrus.Level {
+	return []logrus.Level{logrus.PanicLevel, logrus.FatalLevel, logrus.ErrorLevel, logrus.WarnLevel}
+}
+
+func (r *logRecorder) Fire(e *logrus.Entry) error {
+	msg := e.Message
+	if err, ok := e.Data[logrus.ErrorKey]; ok {
+		msg = fmt.Sprintf("%s: %v", msg, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.entries = append(r.entries, msg)
+	return nil
+}
+
+func (r *logRecorder) warnings() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.entries...)
+}
+
+// newService starts a task service with fakes, in namespace "test".
+func newService(t *testing.T) (*service, *fakeLauncher, *fakePublisher, shutdown.Service) {
+	t.Helper()
+	base, _ := testLogger(t)
+	ctx, sd := shutdown.WithShutdown(namespaces.WithNamespace(base, "test"))
+	l, p := newFakeLauncher(), newFakePublisher()
+	ts, err := NewTaskService(ctx, p, sd, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, ok := ts.(*service)
+	if !ok {
+		t.Fatalf("NewTaskService returned %T", ts)
+	}
+	t.Cleanup(l.exitAll)
+	return s, l, p, sd
+}
+
+// mkfifo makes a fifo in a fresh temporary directory.
+func mkfifo(t *testing.T, name string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// openFifo opens a fifo in the background (opening one end blocks until
+// the other end is open) and closes it when the test ends.
+func openFifo(t *testing.T, path string, flag int) <-chan *os.File {
+	t.Helper()
+	ch := make(chan *os.File, 1)
+	kept := make(chan *os.File, 1) // keeps the file reachable until cleanup
+	go func() {
+		f, err := os.OpenFile(path, flag, 0)
+		if err != nil {
+			t.Errorf("open fifo %s: %v", path, err)
+			close(ch)
+			return
+		}
+		kept <- f
+		ch <- f
+	}()
+	t.Cleanup(func() {
+		select {
+		case f := <-kept:
+			_ = f.Close()
+		default:
+		}
+	})
+	return ch
+}
+
+// receive waits for a value from ch.
+func receive[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v, ok := <-ch:
+		if !ok {
+			t.Fatalf("%s: channel closed", what)
+		}
+		return v
+	case <-time.After(waitTimeout):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+	panic("unreachable")
+}
+
+// closedWithin reports whether ch is closed within waitTimeout.
+func closedWithin(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	case <-time.After(waitTimeout):
+		return false
+	}
+}
+
+// isClosedNow reports whether ch is already closed.
+func isClosedNow(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// wantErr checks that err, as returned by an RPC, maps back to the
+// errdefs class that is (errdefs.IsNotFound, ...) tests for.
+func wantErr(t *testing.T, err error, class string, is func(error) bool) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("got no error, want %s", class)
+	}
+	if native := errgrpc.ToNative(err); !is(native) {
+		t.Fatalf("error %q is not %s", err, class)
+	}
+}

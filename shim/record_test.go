@@ -1,0 +1,343 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+)
+
+func TestRecordRoundTrip(t *testing.T) {
+	bundle := t.TempDir()
+	want := &record{
+		ID: "vm1", Bundle: bundle, RuntimeDir: "/run/vmshim/default/vm1",
+		Rootfs: filepath.Join(bundle, "rootfs"), Overlay: filepath.Join(bundle, "rootfs/.vmshim/root.qcow2"),
+		QEMUPid: 4242, QEMUStart: 123456,
+	}
+	if err := want.save(); err != nil {
+		t.Fatal(err)
+	}
+	// Saving again replaces the record.
+	want.QEMUPid = 4343
+	if err := want.save(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readRecord(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *got != *want {
+		t.Fatalf("read %+v, want %+v", *got, *want)
+	}
+	entries, err := os.ReadDir(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 || entries[0].Name() != recordFile {
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		t.Fatalf("bundle holds %v, want only %s (no temporary file)", names, recordFile)
+	}
+	if fi, err := os.Stat(filepath.Join(bundle, recordFile)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("record file mode: %v, %v", fi, err)
+	}
+}
+
+func TestRecordBundleFromPath(t *testing.T) {
+	// The bundle is where the record was found, not what it says: bundles
+	// can move (the delete action reads them from another path).
+	old, moved := t.TempDir(), t.TempDir()
+	if err := (&record{ID: "vm1", Bundle: old}).save(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(old, recordFile), filepath.Join(moved, recordFile)); err != nil {
+		t.Fatal(err)
+	}
+	r, err := readRecord(moved)
+	if err != nil || r.Bundle != moved || r.ID != "vm1" {
+		t.Fatalf("readRecord: %+v, %v", r, err)
+	}
+}
+
+func TestReadRecordErrors(t *testing.T) {
+	if _, err := readRecord(t.TempDir()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("missing record: %v, want ErrNotExist", err)
+	}
+	bundle := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bundle, recordFile), []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := readRecord(bundle)
+	if err == nil || !strings.Contains(err.Error(), bundle) {
+		t.Fatalf("corrupt record: %v, want an error naming the bundle", err)
+	}
+}
+
+func TestRecordSaveMissingBundle(t *testing.T) {
+	r := &record{ID: "vm1", Bundle: filepath.Join(t.TempDir(), "gone")}
+	if err := r.save(); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("save to missing bundle: %v, want ErrNotExist", err)
+	}
+}
+
+func TestReleaseRemovesEverything(t *testing.T) {
+	ctx, logs := testLogger(t)
+	bundle := t.TempDir()
+	runDir := filepath.Join(t.TempDir(), "run", "vm1")
+	if err := os.MkdirAll(runDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(runDir, "qmp.sock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	overlayDir := filepath.Join(bundle, "rootfs", overlayDir)
+	if err := os.MkdirAll(overlayDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	overlay := filepath.Join(overlayDir, "root.qcow2")
+	if err := os.WriteFile(overlay, []byte("QFI\xfb"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rootfs := filepath.Join(bundle, "rootfs")
+	r := &record{ID: "vm1", Bundle: bundle, RuntimeDir: runDir, Overlay: overlay, Rootfs: rootfs}
+	if err := r.save(); err != nil {
+		t.Fatal(err)
+	}
+
+	r.release(ctx)
+	for _, p := range []string{runDir, overlay, overlayDir, filepath.Join(bundle, recordFile)} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s still there after release (%v)", p, err)
+		}
+	}
+	if _, err := os.Stat(rootfs); err != nil {
+		t.Errorf("release removed the rootfs directory: %v", err)
+	}
+	if w := logs.warnings(); len(w) != 0 {
+		t.Errorf("release warned: %q", w)
+	}
+
+	// Everything is gone now: a second release must not complain.
+	r.release(ctx)
+	if w := logs.warnings(); len(w) != 0 {
+		t.Errorf("release of missing resources warned: %q", w)
+	}
+}
+
+func TestReleaseKeepsNonEmptyOverlayDir(t *testing.T) {
+	ctx, _ := testLogger(t)
+	bundle := t.TempDir()
+	dir := filepath.Join(bundle, "rootfs", overlayDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(dir, "user-file")
+	if err := os.WriteFile(other, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := &record{ID: "vm1", Bundle: bundle, Overlay: filepath.Join(dir, "root.qcow2")}
+	r.release(ctx)
+	if _, err := os.Stat(other); err != nil {
+		t.Fatalf("release removed a file it does not own: %v", err)
+	}
+}
+
+func TestReleaseUnmountsRootfs(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs to unmount needs root")
+	}
+	ctx, logs := testLogger(t)
+	bundle := t.TempDir()
+	rootfs := filepath.Join(bundle, "rootfs")
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", rootfs, "tmpfs", 0, "size=1m"); err != nil {
+		t.Skipf("cannot mount tmpfs here: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(rootfs, unix.MNT_DETACH) })
+	if err := os.WriteFile(filepath.Join(rootfs, "file"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	r := &record{ID: "vm1", Bundle: bundle, Rootfs: rootfs}
+	r.release(ctx)
+	if mounted, err := mountinfo.Mounted(rootfs); err != nil || mounted {
+		t.Fatalf("rootfs still mounted after release (%v)", err)
+	}
+	if w := logs.warnings(); len(w) != 0 {
+		t.Errorf("release warned: %q", w)
+	}
+}
+
+// startSleep starts a child that lives until the test kills it.
+func startSleep(t *testing.T) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd
+}
+
+// reaped waits for cmd and returns how it ended.
+func reaped(t *testing.T, cmd *exec.Cmd) error {
+	t.Helper()
+	ch := make(chan error, 1)
+	go func() { ch <- cmd.Wait() }()
+	return receive(t, ch, "child exit")
+}
+
+func TestKillProcess(t *testing.T) {
+	ctx, _ := testLogger(t)
+	cmd := startSleep(t)
+	pid := cmd.Process.Pid
+	start, err := processStart(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := killProcess(ctx, pid, start); err != nil {
+		t.Fatal(err)
+	}
+	// killProcess returned once the child was a zombie: it is dead, only
+	// waiting for us to reap it.
+	if st, err := processState(pid); err == nil && st != 'Z' && st != 'X' {
+		t.Fatalf("process %d in state %c after killProcess", pid, st)
+	}
+	err = reaped(t, cmd)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("child ended with %v, want SIGKILL", err)
+	}
+}
+
+func TestKillProcessPidReuseGuard(t *testing.T) {
+	ctx, _ := testLogger(t)
+	cmd := startSleep(t)
+	pid := cmd.Process.Pid
+	start, err := processStart(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The recorded start time is another process's: leave this one alone.
+	if err := killProcess(ctx, pid, start+1); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := processState(pid); err != nil || st == 'Z' || st == 'X' {
+		t.Fatalf("process %d was killed despite a different start time (state %c, %v)", pid, st, err)
+	}
+	if err := unix.Kill(pid, 0); err != nil {
+		t.Fatalf("process %d gone: %v", pid, err)
+	}
+}
+
+func TestKillProcessGone(t *testing.T) {
+	ctx, _ := testLogger(t)
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	// A reaped child's pid, and one above any pid_max.
+	for _, pid := range []int{cmd.Process.Pid, 1 << 30} {
+		if err := killProcess(ctx, pid, 0); err != nil {
+			t.Errorf("killProcess(%d) of a missing process: %v", pid, err)
+		}
+		if err := killProcess(ctx, pid, 12345); err != nil {
+			t.Errorf("killProcess(%d) of a missing process: %v", pid, err)
+		}
+	}
+}
+
+func TestReleaseKillsQEMU(t *testing.T) {
+	ctx, logs := testLogger(t)
+	cmd := startSleep(t)
+	start, err := processStart(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &record{ID: "vm1", Bundle: t.TempDir(), QEMUPid: cmd.Process.Pid, QEMUStart: start}
+	done := make(chan struct{})
+	go func() {
+		r.release(ctx)
+		close(done)
+	}()
+	if !closedWithin(done) {
+		t.Fatal("release did not return")
+	}
+	if err := reaped(t, cmd); err == nil {
+		t.Fatal("child exited cleanly; want killed")
+	}
+	if w := logs.warnings(); len(w) != 0 {
+		t.Errorf("release warned: %q", w)
+	}
+}
+
+func TestProcessStartOfSelf(t *testing.T) {
+	a, err := processStart(os.Getpid())
+	if err != nil || a == 0 {
+		t.Fatalf("processStart(self) = %d, %v", a, err)
+	}
+	b, _ := processStart(os.Getpid())
+	if a != b {
+		t.Fatalf("start time changed: %d then %d", a, b)
+	}
+	if st, err := processState(os.Getpid()); err != nil || (st != 'R' && st != 'S') {
+		t.Fatalf("processState(self) = %c, %v", st, err)
+	}
+}
+
+func TestProcessStartOddCommandName(t *testing.T) {
+	// /proc/PID/stat puts the command name in parentheses; a name holding
+	// ") " must not shift the fields.
+	bin := filepath.Join(t.TempDir(), "q) Z (x")
+	data, err := os.ReadFile("/bin/sleep")
+	if err != nil {
+		t.Skipf("no sleep binary to copy: %v", err)
+	}
+	if err := os.WriteFile(bin, data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "60")
+	if err := cmd.Start(); err != nil {
+		t.Skipf("cannot run a copied binary from the temporary directory: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	pid := cmd.Process.Pid
+	start, err := processStart(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A plain child started just after must have (nearly) the same start.
+	plain, err := processStart(startSleep(t).Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain < start || plain-start > 500 {
+		t.Fatalf("start %d of the odd child vs %d of a plain one: fields misparsed", start, plain)
+	}
+	if st, err := processState(pid); err != nil || (st != 'R' && st != 'S') {
+		t.Fatalf("processState = %c, %v", st, err)
+	}
+	if err := killProcess(context.Background(), pid, start); err != nil {
+		t.Fatal(err)
+	}
+	if err := reaped(t, cmd); err == nil {
+		t.Fatal("child exited cleanly; want killed")
+	}
+}
