@@ -1,0 +1,28 @@
+package network
+
+import (
+	"net"
+	"time"
+)
+
+// Route is one IPv4 route the guest should have: Dst nil means the
+// default route; Gw nil means the destination is on-link.
+type Route struct {
+	Dst *net.IPNet
+	Gw  net.IP
+}
+
+// Lease is what the DHCP responder hands the VM on one NIC.
+type Lease struct {
+	MAC       net.HardwareAddr // the only client answered
+	IP        net.IP           // the pod IP on this interface
+	Mask      net.IPMask
+	Gateway   net.IP  // option 3; nil when the interface has no default route
+	Routes    []Route // option 121 (classless static routes), which clients prefer to option 3
+	MTU       int     // option 26
+	DNS       []net.IP
+	Search    []string
+	Hostname  string
+	ServerID  net.IP // option 54: the address the responder speaks as
+	LeaseTime time.Duration
+}
