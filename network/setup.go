@@ -1,0 +1,255 @@
+package network
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/sirupsen/logrus"
+)
+
+// cleanupTimeout bounds the undo of a failed Setup.
+const cleanupTimeout = 30 * time.Second
+
+// Options tune Setup.
+type Options struct {
+	Hostname   string // offered to the guest (DHCP option 12)
+	ResolvConf string // path of the pod's resolv.conf; "" or a missing file means no DNS options
+	Logger     *logrus.Entry
+	// Record, when set, is called exactly once, after the netns has been
+	// read and before anything in it changes, with everything Restore needs
+	// to undo Setup from any partial point. The shim writes it to the
+	// bundle there. If Record fails, Setup changes nothing.
+	Record func(*State) error
+}
+
+// NIC is one guest network card.
+type NIC struct {
+	Name  string           // CNI interface name (eth0)
+	Tap   *os.File         // tap fd for QEMU (-netdev tap,fd=); owned by the Network, closed by Teardown
+	MAC   net.HardwareAddr // for the guest NIC: the CNI interface's MAC
+	Lease *Lease           // nil when the interface has no IPv4 address
+}
+
+// Network is a wired pod netns: taps, tc filters and DHCP responders.
+type Network struct {
+	p      *podNS
+	state  *State
+	logger *logrus.Entry
+	nics   []NIC // set by Setup, read-only afterwards
+
+	cancel context.CancelFunc // stops the responders' Serve
+	wg     sync.WaitGroup     // Serve goroutines
+
+	mu         sync.Mutex // serialises Teardown; guards responders and done
+	responders []*Responder
+	done       bool
+}
+
+// Setup wires every CNI interface of the netns at nsPath (a file such as
+// /var/run/netns/cni-xxx or /proc/PID/ns/net) to a tap for the guest, in
+// ifindex order. On failure it undoes everything it did. An empty netns
+// (only lo) yields a Network with no NICs. Setup writes nothing outside
+// the netns.
+func Setup(ctx context.Context, nsPath string, opts Options) (_ *Network, retErr error) {
+	logger := opts.Logger
+	if logger == nil {
+		logger = log.G(ctx)
+	}
+	logger = logger.WithField("netns", nsPath)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	dns, search, err := readResolvConf(opts.ResolvConf)
+	if err != nil {
+		return nil, err
+	}
+	p, err := openNS(nsPath)
+	if err != nil {
+		return nil, err
+	}
+	pl, err := inspect(p)
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	if opts.Record != nil {
+		if err := opts.Record(pl.state.clone()); err != nil {
+			p.Close()
+			return nil, fmt.Errorf("record network state of netns %s: %w", nsPath, err)
+		}
+	}
+	srvCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	n := &Network{p: p, state: &pl.state, logger: logger, cancel: cancel}
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer ccancel()
+		if err := n.Teardown(cctx); err != nil {
+			// The recorded State still lets Restore finish the job.
+			logger.WithError(err).Warn("undo partial network setup")
+			n.p.Close()
+		}
+	}()
+	for i := range pl.nics {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if err := n.wire(srvCtx, &pl.nics[i], dns, search, opts.Hostname); err != nil {
+			return nil, err
+		}
+	}
+	logger.WithField("nics", len(n.nics)).Debug("pod network wired")
+	return n, nil
+}
+
+// wire turns one CNI interface into a NIC: tap, tc both ways, the veth's
+// IPv4 addresses removed, the netns's route to the guest, a DHCP responder.
+func (n *Network) wire(ctx context.Context, np *nicPlan, dns []net.IP, search []string, hostname string) error {
+	link := np.link
+	name := link.Attrs().Name
+	f, tap, err := createTap(n.p, np.tap, link.Attrs().MTU)
+	if err != nil {
+		return err
+	}
+	n.nics = append(n.nics, NIC{Name: name, Tap: f, MAC: link.Attrs().HardwareAddr})
+	filters, err := tapFilters(tap.Attrs().Index, link.Attrs().Index, tap.Attrs().HardwareAddr, np.linkLocal)
+	if err != nil {
+		return err
+	}
+	if err := installIngress(n.p, tap, filters); err != nil {
+		return err
+	}
+	if err := installIngress(n.p, link, linkFilters(link.Attrs().Index, tap.Attrs().Index)); err != nil {
+		return err
+	}
+	// The routes through link go with its last IPv4 address; they were
+	// recorded by inspect.
+	for _, a := range np.addrs {
+		if err := n.p.h.AddrDel(link, &a); err != nil && !isNotFound(err) {
+			return fmt.Errorf("remove %s from %s: %w", a.IPNet, name, err)
+		}
+	}
+	lease := buildLease(*np, dns, search, hostname)
+	if lease == nil {
+		return nil
+	}
+	if err := addLocalRoute(n.p, tap, np.linkLocal, lease.IP); err != nil {
+		return err
+	}
+	var r *Responder
+	err = n.p.do(func() error {
+		var err error
+		r, err = NewResponder(tap.Attrs().Index, tap.Attrs().HardwareAddr, *lease, n.logger.WithField("link", name))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("start dhcp responder on %s: %w", np.tap, err)
+	}
+	n.mu.Lock()
+	n.responders = append(n.responders, r)
+	n.mu.Unlock()
+	n.nics[len(n.nics)-1].Lease = lease
+	logger := n.logger.WithField("link", name)
+	n.wg.Go(func() {
+		if err := r.Serve(ctx); err != nil && ctx.Err() == nil {
+			logger.WithError(err).Error("dhcp responder stopped")
+		}
+	})
+	return nil
+}
+
+// NICs returns the guest NICs in CNI attach order.
+func (n *Network) NICs() []NIC {
+	return append([]NIC(nil), n.nics...)
+}
+
+// State returns what Restore needs to undo Setup.
+func (n *Network) State() *State {
+	return n.state.clone()
+}
+
+// Teardown stops the responders, closes the taps, removes the tc qdiscs and
+// filters, taps, link-local addresses and host routes, and restores the
+// recorded addresses and routes of each CNI interface exactly, so CNI DEL
+// succeeds. Idempotent; after an error it can be called again.
+func (n *Network) Teardown(ctx context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.done {
+		return nil
+	}
+	n.cancel()
+	for _, r := range n.responders {
+		if err := r.Close(); err != nil {
+			n.logger.WithError(err).Debug("close dhcp responder")
+		}
+	}
+	n.responders = nil
+	if err := wait(ctx, &n.wg); err != nil {
+		return fmt.Errorf("stop dhcp responders in netns %s: %w", n.p.path, err)
+	}
+	n.closeTaps()
+	if err := undo(ctx, n.p, n.state, n.logger); err != nil {
+		return err
+	}
+	n.p.Close()
+	n.done = true
+	return nil
+}
+
+// closeTaps closes this process's tap fds; a tap nobody else holds vanishes.
+func (n *Network) closeTaps() {
+	for _, nic := range n.nics {
+		if err := nic.Tap.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
+			n.logger.WithError(err).WithField("link", nic.Name).Debug("close tap")
+		}
+	}
+}
+
+// wait waits for wg or ctx, whichever is first.
+func wait(ctx context.Context, wg *sync.WaitGroup) error {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Restore is Teardown from a State alone, for the shim's delete action
+// after a crash. Idempotent. A netns that no longer exists, or whose path
+// now names another namespace, is left alone.
+func Restore(ctx context.Context, st *State) error {
+	if st == nil || st.NetNS == "" {
+		return nil
+	}
+	logger := log.G(ctx).WithField("netns", st.NetNS)
+	p, err := openNS(st.NetNS)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		logger.Debug("netns is gone, nothing to restore")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	if st.NetNSID != "" && p.ns.UniqueId() != st.NetNSID {
+		logger.Warn("netns path names another namespace now, leaving it alone")
+		return nil
+	}
+	return undo(ctx, p, st, logger)
+}
