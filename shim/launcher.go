@@ -25,6 +25,7 @@ import (
 
 	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/image"
+	"github.com/vmshim/vmshim/network"
 	"github.com/vmshim/vmshim/qemu"
 )
 
@@ -146,9 +147,33 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 	var fds qemu.FDSet
 	qs.ConsoleFD = fds.Add(guestEnd)
 
+	logger := log.G(ctx).WithField("id", r.ID)
+	var netw *network.Network
+	if nsPath, resolvConf := podNetwork(spec); nsPath != "" {
+		netw, err = network.Setup(ctx, nsPath, network.Options{
+			Hostname: spec.Hostname, ResolvConf: resolvConf, Logger: logger,
+			Record: func(st *network.State) error {
+				rec.Network = st
+				return rec.save()
+			},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("pod network: %w", err)
+		}
+		defer func() {
+			if retErr != nil {
+				if err := netw.Teardown(ctx); err != nil {
+					logger.WithError(err).Warn("undo pod network")
+				}
+			}
+		}()
+		for i, nic := range netw.NICs() {
+			qs.NICs = append(qs.NICs, qemu.NIC{ID: fmt.Sprintf("net%d", i), TapFD: fds.Add(nic.Tap), MAC: nic.MAC.String()})
+		}
+	}
+
 	bootCtx, cancel := context.WithTimeout(ctx, desc.BootTimeout)
 	defer cancel()
-	logger := log.G(ctx).WithField("id", r.ID)
 	stderr := logger.WriterLevel(logrus.WarnLevel)
 	vm, err := qemu.Launch(bootCtx, qemu.LaunchConfig{
 		Binary: binary, Spec: qs, Files: fds.Files(), Stderr: stderr, Dir: rec.RuntimeDir,
@@ -165,8 +190,8 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		stderr.Close()
 		return nil, err
 	}
-	logger.WithFields(log.Fields{"pid": vm.Pid(), "accel": qs.Accel}).Info("vm created")
-	return &qemuVM{VM: vm, console: shimEnd, rec: rec, stderr: stderr}, nil
+	logger.WithFields(log.Fields{"pid": vm.Pid(), "accel": qs.Accel, "nics": len(qs.NICs)}).Info("vm created")
+	return &qemuVM{VM: vm, console: shimEnd, rec: rec, stderr: stderr, network: netw}, nil
 }
 
 // accel picks the accelerator for a mode once per shim process.
@@ -238,12 +263,32 @@ func readSpec(bundle string) (*specs.Spec, error) {
 	return &spec, nil
 }
 
+// podNetwork returns the path of the network namespace the spec joins
+// (empty for the host's network or a namespace yet to be made) and the
+// host path of the pod's resolv.conf.
+func podNetwork(spec *specs.Spec) (nsPath, resolvConf string) {
+	if spec.Linux != nil {
+		for _, ns := range spec.Linux.Namespaces {
+			if ns.Type == specs.NetworkNamespace {
+				nsPath = ns.Path
+			}
+		}
+	}
+	for _, m := range spec.Mounts {
+		if m.Destination == "/etc/resolv.conf" {
+			resolvConf = m.Source
+		}
+	}
+	return nsPath, resolvConf
+}
+
 // qemuVM is a QEMU VM with the host resources recorded for it.
 type qemuVM struct {
 	*qemu.VM
 	console net.Conn
 	rec     *record
 	stderr  io.Closer
+	network *network.Network // nil without a pod network
 }
 
 // Console returns the shim's end of the guest's serial port.
@@ -255,5 +300,12 @@ func (v *qemuVM) Powerdown(ctx context.Context) error { return v.VM.Powerdown(ct
 // Release frees what the VM held once QEMU has exited.
 func (v *qemuVM) Release(ctx context.Context) {
 	v.stderr.Close()
+	if v.network != nil {
+		if err := v.network.Teardown(ctx); err != nil {
+			log.G(ctx).WithError(err).WithField("id", v.rec.ID).Warn("tear down pod network")
+		} else {
+			v.rec.Network = nil // restored; nothing left for release to redo
+		}
+	}
 	v.rec.release(ctx)
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+
+	"github.com/vmshim/vmshim/network"
 )
 
 // recordFile is the file in the bundle that lists what a task holds on
@@ -30,6 +32,8 @@ type record struct {
 	Overlay    string `json:"overlay,omitempty"`     // qcow2 overlay in the writable layer
 	QEMUPid    int    `json:"qemu_pid,omitempty"`
 	QEMUStart  uint64 `json:"qemu_start,omitempty"` // start time in clock ticks, guards against pid reuse
+
+	Network *network.State `json:"network,omitempty"` // what the pod netns looked like before it was wired
 }
 
 // save writes the record atomically to the bundle.
@@ -70,6 +74,11 @@ func (r *record) release(ctx context.Context) {
 	if r.QEMUPid > 0 {
 		if err := killProcess(ctx, r.QEMUPid, r.QEMUStart); err != nil {
 			logger.WithError(err).WithField("pid", r.QEMUPid).Warn("stop qemu")
+		}
+	}
+	if r.Network != nil {
+		if err := network.Restore(ctx, r.Network); err != nil {
+			logger.WithError(err).Warn("restore pod network")
 		}
 	}
 	if r.RuntimeDir != "" {
