@@ -210,6 +210,17 @@ func buildLease(np nicPlan, dns []net.IP, search []string, hostname string) *Lea
 		LeaseTime: leaseTime,
 	}
 	subnet := &net.IPNet{IP: l.IP.Mask(l.Mask), Mask: l.Mask}
+	// The guest must see on-link exactly what the netns had on-link. CNI
+	// plugins such as ptp delete the kernel's route to the address's
+	// subnet and route it via the gateway instead; offering the subnet's
+	// mask would make the guest ARP for its neighbours directly.
+	connected := slices.ContainsFunc(np.routes, func(r netlink.Route) bool {
+		return r.Protocol == unix.RTPROT_KERNEL && r.Dst != nil && r.Dst.String() == subnet.String()
+	})
+	if !connected {
+		l.Mask = net.CIDRMask(32, 32)
+		subnet = &net.IPNet{IP: l.IP, Mask: l.Mask}
+	}
 	var onLink, viaGw []Route
 	if first.Peer != nil {
 		onLink = append(onLink, Route{Dst: &net.IPNet{IP: first.Peer.IP.Mask(first.Peer.Mask), Mask: first.Peer.Mask}})

@@ -198,3 +198,31 @@ func TestOpenNSRefuses(t *testing.T) {
 		t.Errorf("own netns: %v", err)
 	}
 }
+
+// TestBuildLeasePtp: ptp gives the pod a /24 address but deletes the
+// kernel's subnet route and routes the subnet via the gateway. The lease
+// must not make the subnet on-link for the guest: mask /32, the gateway
+// on-link, the subnet and the default route through it.
+func TestBuildLeasePtp(t *testing.T) {
+	link := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0", Index: 2, MTU: 1400,
+		HardwareAddr: net.HardwareAddr{0x0a, 0x58, 0x0a, 0x59, 0, 2}}}
+	gw := net.IPv4(10, 89, 0, 1).To4()
+	np := nicPlan{
+		link:      link,
+		addrs:     []netlink.Addr{{IPNet: cidr("10.89.0.2/24")}},
+		linkLocal: net.IPv4(169, 254, 1, 1).To4(),
+		routes: []netlink.Route{
+			{LinkIndex: 2, Dst: cidr("10.89.0.1/32"), Type: unix.RTN_UNICAST, Scope: netlink.SCOPE_LINK},
+			{LinkIndex: 2, Dst: cidr("10.89.0.0/24"), Gw: gw, Type: unix.RTN_UNICAST},
+			{LinkIndex: 2, Dst: cidr("0.0.0.0/0"), Gw: gw, Type: unix.RTN_UNICAST},
+		},
+	}
+	l := buildLease(np, nil, nil, "")
+	if ones, _ := l.Mask.Size(); ones != 32 {
+		t.Errorf("mask /%d, want /32: the subnet is not on-link in the netns", ones)
+	}
+	want := []string{"10.89.0.1/32 on-link", "169.254.1.1/32 on-link", "10.89.0.0/24 via 10.89.0.1", "default via 10.89.0.1"}
+	if got := routeStrings(l.Routes); !slices.Equal(got, want) {
+		t.Errorf("routes %v, want %v", got, want)
+	}
+}
