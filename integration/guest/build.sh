@@ -5,7 +5,8 @@
 #
 # OUTDIR receives vmlinuz (the Debian bzImage), vmlinux (its uncompressed ELF,
 # for fast QEMU -kernel boots through the PVH entry), initrd-{wait,poweroff}.img
-# (busybox initramfs running init.sh), disk-{wait,poweroff}.qcow2 (BIOS-bootable
+# (busybox initramfs running init.sh, with udhcpc.sh as the DHCP client's
+# script and the virtio NIC modules), disk-{wait,poweroff}.qcow2 (BIOS-bootable
 # disks: MBR, FAT16, syslinux) and four OCI archives made with vmshim-pack:
 # disk-{wait,poweroff}.tar and kernel-{wait,poweroff}.tar.
 #
@@ -75,7 +76,7 @@ kernel_package() {
 # stamp_of hashes what the artefacts depend on.
 stamp_of() {
 	{
-		cat "$HERE/build.sh" "$HERE/init.sh"
+		cat "$HERE/build.sh" "$HERE/init.sh" "$HERE/udhcpc.sh"
 		local f
 		for f in "$REPO"/cmd/vmshim-pack/*.go; do
 			case $f in *_test.go) ;; *) [ -f "$f" ] && cat "$f" ;; esac
@@ -195,7 +196,7 @@ newc_trailer() {
 
 # build_initrd KTREE MODE OUT builds the gzip'd newc initramfs for MODE.
 build_initrd() {
-	local tree=$1 mode=$2 out=$3 root applet
+	local tree=$1 mode=$2 out=$3 root applet m
 	root=$(mktemp -d "$WORK/initrd-$mode.XXXX")
 	mkdir -p "$root"/{bin,dev,etc,proc,sys,lib/modules}
 	cp "$(command -v busybox)" "$root/bin/busybox"
@@ -205,12 +206,21 @@ build_initrd() {
 		[ "$applet" = busybox ] || ln -s busybox "$root/bin/$applet"
 	done
 	install -m 0755 "$HERE/init.sh" "$root/init"
+	install -D -m 0755 "$HERE/udhcpc.sh" "$root/etc/udhcpc/default.script"
 	echo "$mode" >"$root/etc/vmshim-mode"
 	: >"$root/lib/modules/order"
 	# evdev gives the power button a /dev/input/eventN; button is the ACPI
 	# power button driver. Either may be built in.
 	add_module "$tree" evdev "$root/lib/modules" "$root/lib/modules/order"
 	add_module "$tree" button "$root/lib/modules" "$root/lib/modules/order"
+	# The virtio NIC: virtio_pci (with virtio, virtio_ring and the modern
+	# and legacy PCI transports) finds the device, virtio_net (with
+	# net_failover and failover) drives it. udhcpc needs packet sockets,
+	# which Debian builds in (CONFIG_PACKET=y); af_packet is added in case
+	# a kernel has them as a module.
+	for m in virtio_pci virtio_net af_packet; do
+		add_module "$tree" "$m" "$root/lib/modules" "$root/lib/modules/order"
+	done
 	{
 		(cd "$root" && find . -mindepth 1 | LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0)
 		# A second archive: the kernel unpacks concatenated cpio archives.

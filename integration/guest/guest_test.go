@@ -70,12 +70,23 @@ type vm struct {
 // startVM runs QEMU under TCG with the console on stdio and boot args.
 func startVM(t *testing.T, ctx context.Context, boot ...string) *vm {
 	t.Helper()
+	return startVMIn(t, ctx, "", boot...)
+}
+
+// startVMIn is startVM inside the network namespace at path netns (none
+// when empty), entered with nsenter, which execs QEMU in place.
+func startVMIn(t *testing.T, ctx context.Context, netns string, boot ...string) *vm {
+	t.Helper()
 	qmp := filepath.Join(t.TempDir(), "qmp.sock")
 	args := append([]string{
+		"qemu-system-x86_64",
 		"-accel", "tcg", "-nodefaults", "-display", "none", "-machine", "q35", "-m", "256",
 		"-serial", "stdio", "-qmp", "unix:" + qmp + ",server=on,wait=off",
 	}, boot...)
-	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
+	if netns != "" {
+		args = append([]string{"nsenter", "--net=" + netns}, args...)
+	}
+	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -134,6 +145,45 @@ func (v *vm) waitFor(prefix string, timeout time.Duration) string {
 			}
 		case <-deadline:
 			v.t.Fatalf("no %q on the console after %v", prefix, timeout)
+		}
+	}
+}
+
+// waitForAll returns the first console line starting with each of
+// prefixes, in whatever order they come, failing the test if QEMU exits or
+// timeout passes first.
+func (v *vm) waitForAll(timeout time.Duration, prefixes ...string) map[string]string {
+	v.t.Helper()
+	got := make(map[string]string, len(prefixes))
+	deadline := time.After(timeout)
+	for len(got) < len(prefixes) {
+		select {
+		case line, ok := <-v.lines:
+			if !ok {
+				v.t.Fatalf("console closed; still waiting for some of %q (have %q)", prefixes, got)
+			}
+			for _, p := range prefixes {
+				if _, seen := got[p]; !seen && strings.HasPrefix(line, p) {
+					got[p] = line
+					break
+				}
+			}
+		case <-deadline:
+			v.t.Fatalf("after %v, still waiting for some of %q (have %q)", timeout, prefixes, got)
+		}
+	}
+	return got
+}
+
+// wholeLines fails the test if a marker is not at the start of its console
+// line, i.e. writers interleaved.
+func (v *vm) wholeLines() {
+	v.t.Helper()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, line := range v.log {
+		if strings.Contains(line, "VMSHIM-") && !strings.HasPrefix(line, "VMSHIM-") {
+			v.t.Errorf("marker not at the start of a console line: %q", line)
 		}
 	}
 }
@@ -234,6 +284,7 @@ func TestGuestsBoot(t *testing.T) {
 			v.booted(tt.name)
 			tt.run(ctx, v)
 			v.waitExit(30 * time.Second)
+			v.wholeLines()
 		})
 	}
 }

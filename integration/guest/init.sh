@@ -8,6 +8,13 @@
 #   VMSHIM-GUEST-ACPI-POWERDOWN    the ACPI power button was pressed; powering off
 #   VMSHIM-GUEST-POWEROFF          powering off on its own (mode poweroff, or a
 #                                  "poweroff" line on the console)
+# and, with a virtio NIC (udhcpc runs on every eth* interface; its event
+# script /etc/udhcpc/default.script prints VMSHIM-LEASE and VMSHIM-RENEW):
+#   VMSHIM-HTTP-READY              httpd serves VMSHIM-HTTP-OK <hostname> <ip> on :8080
+#   VMSHIM-GATEWAY-OK <gw>         the first lease's gateway answers ping
+#   VMSHIM-GATEWAY-FAIL <gw>       ... or does not (- when the lease has none)
+#   VMSHIM-PEER-OK <body>          http://PEER:8080/ answered (vmshim.test.peer=PEER)
+#   VMSHIM-PEER-FAIL <peer>        ... or did not within 60 tries
 #
 # The mode comes from /etc/vmshim-mode (baked into the initramfs), overridden
 # by vmshim.mode=wait|poweroff on the kernel command line.
@@ -33,7 +40,8 @@ power_off() {
 }
 
 # load_modules inserts the modules listed in /lib/modules/order, dependencies
-# first (the ACPI button driver and evdev, unless built in).
+# first (the ACPI button driver, evdev and the virtio NIC driver, unless
+# built in).
 load_modules() {
 	[ -f /lib/modules/order ] || return 0
 	while read -r m; do
@@ -85,10 +93,91 @@ echo_console() {
 	done
 }
 
+# dhcp_on_uevent runs (from uevent, and once for each NIC already there)
+# with a kernel uevent's environment. For a new eth* interface it brings the
+# link up and starts udhcpc, once per interface: 20 discovers 1 s apart, then
+# more every 3 s in the background until a lease comes; it stays to renew.
+dhcp_on_uevent='
+case $ACTION/$SUBSYSTEM/$INTERFACE in
+add/net/eth*)
+	mkdir "/run/vmshim/udhcpc.$INTERFACE" 2>/dev/null || exit 0
+	ip link set dev "$INTERFACE" up
+	udhcpc -i "$INTERFACE" -s /etc/udhcpc/default.script -t 20 -T 1 -A 3 -b \
+		-O staticroutes -O mtu -O search >/dev/null 2>&1 </dev/null &
+	;;
+esac'
+
+# serve_http starts httpd on port 8080 with a page naming the guest, and
+# prints VMSHIM-HTTP-READY once it listens.
+serve_http() {
+	mkdir -p /www
+	echo "VMSHIM-HTTP-OK $1 $2" >/www/index.html
+	httpd -f -p 8080 -h /www >/dev/null 2>&1 </dev/null &
+	for _ in $(seq 100); do
+		if netstat -ltn 2>/dev/null | grep -q ':8080 '; then
+			echo VMSHIM-HTTP-READY
+			return
+		fi
+		sleep 0.1
+	done
+	echo "VMSHIM-GUEST-WARNING: httpd does not listen on port 8080"
+}
+
+# check_gateway pings the gateway, up to five times.
+check_gateway() {
+	if [ "$1" != - ]; then
+		for _ in 1 2 3 4 5; do
+			if ping -c 1 -W 3 "$1" >/dev/null 2>&1; then
+				echo "VMSHIM-GATEWAY-OK $1"
+				return
+			fi
+			sleep 1
+		done
+	fi
+	echo "VMSHIM-GATEWAY-FAIL $1"
+}
+
+# check_peer fetches http://PEER:8080/ up to 60 times, 1 s apart, and prints
+# the body on one line. Debian's busybox wget lacks -T (it crashes on it
+# before 1.36.1-5), so timeout bounds each try to 3 s.
+check_peer() {
+	for _ in $(seq 60); do
+		body=$(timeout 3 wget -q -O - "http://$1:8080/" 2>/dev/null | tr '\r\n' '  ' | sed 's/ *$//')
+		if [ -n "$body" ]; then
+			echo "VMSHIM-PEER-OK $body"
+			return
+		fi
+		sleep 1
+	done
+	echo "VMSHIM-PEER-FAIL $1"
+}
+
+# network starts DHCP on every NIC, now and as NICs appear (uevent blocks
+# until the kernel reports a device, so an idle guest stays idle), waits for
+# the first lease (udhcpc.sh writes "IF IP GATEWAY HOSTNAME" to the fifo,
+# which fd 3 keeps open so nothing written is lost), then runs the checks.
+network() {
+	mkdir -p /run/vmshim
+	mkfifo /run/vmshim/leases
+	exec 3<>/run/vmshim/leases
+	uevent sh -c "$dhcp_on_uevent" >/dev/null 2>&1 </dev/null 3<&- &
+	for dev in /sys/class/net/eth*; do
+		[ -e "$dev" ] || continue
+		ACTION=add SUBSYSTEM=net INTERFACE=${dev##*/} sh -c "$dhcp_on_uevent" 3<&-
+	done
+	read -r _ ip gw host <&3
+	exec 3<&-
+	serve_http "$host" "$ip"
+	check_gateway "$gw"
+	[ -z "$peer" ] || check_peer "$peer"
+}
+
 mode=$(cat /etc/vmshim-mode 2>/dev/null || echo wait)
+peer=
 for arg in $(cat /proc/cmdline); do
 	case $arg in
 	vmshim.mode=*) mode=${arg#vmshim.mode=} ;;
+	vmshim.test.peer=*) peer=${arg#vmshim.test.peer=} ;;
 	esac
 done
 
@@ -101,6 +190,10 @@ echo_console &
 echo VMSHIM-GUEST-BOOTED
 read -r up _ </proc/uptime
 echo "VMSHIM-GUEST-UPTIME $up"
+
+# Only markers reach the console: the shell's own messages (a killed
+# child, ...) go to /dev/null.
+network 2>/dev/null &
 
 if [ "$mode" = poweroff ]; then
 	echo VMSHIM-GUEST-POWEROFF
