@@ -23,20 +23,22 @@ type console struct {
 	done   chan struct{} // closed once all guest output has been written out
 	cancel context.CancelFunc
 
-	mu     sync.Mutex // guards stdin and stdout
-	stdin  io.Closer
-	stdout io.Closer
+	mu      sync.Mutex // guards stdin and outputs
+	stdin   io.Closer
+	outputs []io.Closer // stdout and stderr, once open
 }
 
 // newConsole starts copying between conn (the guest's serial port) and the
-// fifos at stdin and stdout; an empty path means no such stream.
-func newConsole(ctx context.Context, conn io.ReadWriteCloser, stdin, stdout string) *console {
+// task's stdio fifos; an empty path means no such stream. The guest has a
+// single console, so stderr carries nothing, but it is held open and closed
+// with stdout: readers such as the CRI wait for both to end.
+func newConsole(ctx context.Context, conn io.ReadWriteCloser, io stdio) *console {
 	ctx, cancel := context.WithCancel(ctx)
 	c := &console{conn: conn, buf: newRing(consoleBuffer), done: make(chan struct{}), cancel: cancel}
 	go c.readGuest()
-	go c.writeStdout(ctx, stdout)
-	if stdin != "" {
-		go c.readStdin(ctx, stdin)
+	go c.writeStdout(ctx, io.stdout, io.stderr)
+	if io.stdin != "" {
+		go c.readStdin(ctx, io.stdin)
 	}
 	return c
 }
@@ -58,20 +60,16 @@ func (c *console) readGuest() {
 
 // writeStdout drains the buffer into the stdout fifo; with no stdout, or
 // once the fifo fails, output is discarded so the buffer keeps draining.
-func (c *console) writeStdout(ctx context.Context, path string) {
+// When the guest's console ends and all is written, stdout and stderr are
+// closed, as a process's would be when it exits.
+func (c *console) writeStdout(ctx context.Context, stdout, stderr string) {
 	defer close(c.done)
 	var w io.Writer = io.Discard
-	if path != "" {
-		f, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY, 0)
-		if err != nil {
-			log.G(ctx).WithError(err).Warn("open stdout fifo")
-		} else {
-			c.mu.Lock()
-			c.stdout = f
-			c.mu.Unlock()
-			w = f
-		}
+	if f := c.openOutput(ctx, stdout); f != nil {
+		w = f
 	}
+	c.openOutput(ctx, stderr)
+	defer c.closeOutputs()
 	b := make([]byte, 32<<10)
 	for {
 		n, err := c.buf.Read(b)
@@ -85,6 +83,33 @@ func (c *console) writeStdout(ctx context.Context, path string) {
 			return
 		}
 	}
+}
+
+// openOutput opens the fifo at path for writing; nil when there is none.
+func (c *console) openOutput(ctx context.Context, path string) io.Writer {
+	if path == "" {
+		return nil
+	}
+	f, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY, 0)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("fifo", path).Warn("open output fifo")
+		return nil
+	}
+	c.mu.Lock()
+	c.outputs = append(c.outputs, f)
+	c.mu.Unlock()
+	return f
+}
+
+// closeOutputs closes stdout and stderr: their readers see the task's
+// output end.
+func (c *console) closeOutputs() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, f := range c.outputs {
+		_ = f.Close()
+	}
+	c.outputs = nil
 }
 
 // readStdin copies the stdin fifo to the guest until it ends.
@@ -123,11 +148,13 @@ func (c *console) Close() error {
 	err := c.conn.Close()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, f := range []io.Closer{c.stdin, c.stdout} {
-		if f != nil {
-			_ = f.Close()
-		}
+	if c.stdin != nil {
+		_ = c.stdin.Close()
 	}
+	for _, f := range c.outputs {
+		_ = f.Close()
+	}
+	c.outputs = nil
 	return err
 }
 

@@ -174,7 +174,7 @@ func startConsole(t *testing.T, stdin, stdout string) (*console, net.Conn) {
 	t.Helper()
 	ctx, _ := testLogger(t)
 	host, guest := net.Pipe()
-	c := newConsole(ctx, host, stdin, stdout)
+	c := newConsole(ctx, host, stdio{stdin: stdin, stdout: stdout})
 	t.Cleanup(func() {
 		_ = guest.Close()
 		_ = c.Close()

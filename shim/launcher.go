@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
@@ -60,7 +61,7 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		return nil, err
 	}
 	if isSandbox(spec) {
-		return newSandboxVM(), nil
+		return launchSandbox(ctx, r, spec)
 	}
 	desc, err := config.Resolve(cfg, r.ID, spec)
 	if err != nil {
@@ -151,7 +152,7 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 	var netw *network.Network
 	if nsPath, resolvConf := podNetwork(spec); nsPath != "" {
 		netw, err = network.Setup(ctx, nsPath, network.Options{
-			Hostname: spec.Hostname, ResolvConf: resolvConf, Logger: logger,
+			Hostname: hostname(spec), ResolvConf: resolvConf, Logger: logger,
 			Record: func(st *network.State) error {
 				rec.Network = st
 				return rec.save()
@@ -182,8 +183,8 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		stderr.Close()
 		return nil, fmt.Errorf("start vm %s: %w", r.ID, err)
 	}
-	rec.QEMUPid = vm.Pid()
-	rec.QEMUStart, _ = processStart(vm.Pid())
+	rec.Pid = vm.Pid()
+	rec.PidStart, _ = processStart(vm.Pid())
 	if err := rec.save(); err != nil {
 		_ = vm.Kill()
 		<-vm.Done()
@@ -280,6 +281,23 @@ func podNetwork(spec *specs.Spec) (nsPath, resolvConf string) {
 		}
 	}
 	return nsPath, resolvConf
+}
+
+// hostname is the pod's host name: the spec's, or, for a CRI container
+// (which shares the sandbox's UTS namespace and so has none in its spec),
+// the content of the /etc/hostname file the CRI mounts into it.
+func hostname(spec *specs.Spec) string {
+	if spec.Hostname != "" {
+		return spec.Hostname
+	}
+	for _, m := range spec.Mounts {
+		if m.Destination == "/etc/hostname" {
+			if data, err := os.ReadFile(m.Source); err == nil {
+				return strings.TrimSpace(string(data))
+			}
+		}
+	}
+	return ""
 }
 
 // qemuVM is a QEMU VM with the host resources recorded for it.

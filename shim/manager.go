@@ -171,7 +171,7 @@ func (m manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 		}
 		return status, nil
 	}
-	status.Pid = rec.QEMUPid
+	status.Pid = rec.Pid
 	rec.release(ctx)
 	return status, nil
 }

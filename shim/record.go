@@ -30,8 +30,8 @@ type record struct {
 	RuntimeDir string `json:"runtime_dir,omitempty"` // QMP socket and other runtime files
 	Rootfs     string `json:"rootfs,omitempty"`      // set while the shim holds the rootfs mounted
 	Overlay    string `json:"overlay,omitempty"`     // qcow2 overlay in the writable layer
-	QEMUPid    int    `json:"qemu_pid,omitempty"`
-	QEMUStart  uint64 `json:"qemu_start,omitempty"` // start time in clock ticks, guards against pid reuse
+	Pid        int    `json:"pid,omitempty"`         // the task's process: QEMU, or a sandbox's pause process
+	PidStart   uint64 `json:"pid_start,omitempty"`   // its start time in clock ticks, guards against pid reuse
 
 	Network *network.State `json:"network,omitempty"` // what the pod netns looked like before it was wired
 }
@@ -71,9 +71,9 @@ func readRecord(bundle string) (*record, error) {
 // release runs on paths (delete action, rollback) that must go on.
 func (r *record) release(ctx context.Context) {
 	logger := log.G(ctx).WithField("id", r.ID)
-	if r.QEMUPid > 0 {
-		if err := killProcess(ctx, r.QEMUPid, r.QEMUStart); err != nil {
-			logger.WithError(err).WithField("pid", r.QEMUPid).Warn("stop qemu")
+	if r.Pid > 0 {
+		if err := killProcess(ctx, r.Pid, r.PidStart); err != nil {
+			logger.WithError(err).WithField("pid", r.Pid).Warn("stop task process")
 		}
 	}
 	if r.Network != nil {

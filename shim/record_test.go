@@ -19,13 +19,13 @@ func TestRecordRoundTrip(t *testing.T) {
 	want := &record{
 		ID: "vm1", Bundle: bundle, RuntimeDir: "/run/vmshim/default/vm1",
 		Rootfs: filepath.Join(bundle, "rootfs"), Overlay: filepath.Join(bundle, "rootfs/.vmshim/root.qcow2"),
-		QEMUPid: 4242, QEMUStart: 123456,
+		Pid: 4242, PidStart: 123456,
 	}
 	if err := want.save(); err != nil {
 		t.Fatal(err)
 	}
 	// Saving again replaces the record.
-	want.QEMUPid = 4343
+	want.Pid = 4343
 	if err := want.save(); err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +268,7 @@ func TestReleaseKillsQEMU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &record{ID: "vm1", Bundle: t.TempDir(), QEMUPid: cmd.Process.Pid, QEMUStart: start}
+	r := &record{ID: "vm1", Bundle: t.TempDir(), Pid: cmd.Process.Pid, PidStart: start}
 	done := make(chan struct{})
 	go func() {
 		r.release(ctx)

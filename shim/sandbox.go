@@ -2,10 +2,14 @@ package shim
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
-	"sync"
+	"os/exec"
+	"os/signal"
+	"syscall"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -16,47 +20,121 @@ import (
 // (pause) container.
 const containerTypeAnnotation = "io.kubernetes.cri.container-type"
 
+// PauseName is argv[0] of a pod sandbox's process: the shim binary run as
+// a pause process.
+const PauseName = "vmshim-pause"
+
 // isSandbox reports whether spec is a CRI pod sandbox container.
 func isSandbox(spec *specs.Spec) bool {
 	return spec.Annotations[containerTypeAnnotation] == "sandbox"
 }
 
-// sandboxVM stands in for a pod's sandbox container: it runs no VM and no
-// process; it only holds the pod's place until it is stopped. The pod's
-// network namespace belongs to the CRI, which created it.
+// RunPause is the body of a sandbox's process: it joins the network
+// namespace at args[0], when given, and waits for SIGTERM or SIGINT. The
+// caller's main goroutine must be locked to the main thread (an init
+// func's runtime.LockOSThread), because /proc/PID/ns/net, through which
+// CRI hands the pod's namespace to its containers, is the main thread's.
+func RunPause(args []string) int {
+	if len(args) > 0 && args[0] != "" {
+		f, err := os.Open(args[0])
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", PauseName, err)
+			return 1
+		}
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: join netns %s: %v\n", PauseName, args[0], err)
+			return 1
+		}
+		f.Close()
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, unix.SIGTERM, unix.SIGINT)
+	<-sig
+	return 0
+}
+
+// sandboxVM stands in for a pod's sandbox container: no VM, only a pause
+// process in the pod's network namespace, which CRI points the pod's
+// containers at. The namespace itself belongs to the CRI.
 type sandboxVM struct {
+	cmd      *exec.Cmd
+	rec      *record
 	console  net.Conn // the shim's end of a console that stays silent
 	guestEnd net.Conn
-
-	once sync.Once
-	done chan struct{}
-	code int // written once before done is closed
-	at   time.Time
+	done     chan struct{}
+	code     int // written before done is closed
+	at       time.Time
 }
 
-func newSandboxVM() *sandboxVM {
+// launchSandbox starts the pause process of a pod sandbox.
+func launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec) (_ *sandboxVM, retErr error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	rec := &record{ID: r.ID, Bundle: r.Bundle}
+	nsPath, _ := podNetwork(spec)
+	cmd := &exec.Cmd{Path: self, Args: []string{PauseName, nsPath}, Dir: "/"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start pod sandbox process: %w", err)
+	}
+	rec.Pid = cmd.Process.Pid
+	rec.PidStart, _ = processStart(rec.Pid)
+	if err := rec.save(); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, err
+	}
 	shimEnd, guestEnd := net.Pipe()
-	return &sandboxVM{console: shimEnd, guestEnd: guestEnd, done: make(chan struct{})}
+	s := &sandboxVM{cmd: cmd, rec: rec, console: shimEnd, guestEnd: guestEnd, done: make(chan struct{})}
+	go s.wait()
+	return s, nil
 }
 
-// Pid reports the shim itself: the sandbox has no process of its own.
-func (s *sandboxVM) Pid() int { return os.Getpid() }
+func (s *sandboxVM) wait() {
+	err := s.cmd.Wait()
+	s.at = time.Now()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		s.code = 0
+	case errors.As(err, &ee):
+		s.code = statusCode(ee.ProcessState)
+	default:
+		s.code = 255
+	}
+	s.guestEnd.Close() // the console reader sees EOF, so the exit can be reported
+	close(s.done)
+}
+
+// statusCode maps a process state to a shell-style status.
+func statusCode(ps *os.ProcessState) int {
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+// Pid is the pause process.
+func (s *sandboxVM) Pid() int { return s.cmd.Process.Pid }
 
 // Console is a console nothing writes to.
 func (s *sandboxVM) Console() io.ReadWriteCloser { return s.console }
 
-// Start does nothing: there is nothing to run.
+// Start does nothing: the pause process is already waiting.
 func (s *sandboxVM) Start(context.Context) error { return nil }
 
-// Powerdown stops the sandbox as pause does on SIGTERM: exit 0.
+// Powerdown asks the pause process to exit, as SIGTERM does for pause.
 func (s *sandboxVM) Powerdown(context.Context) error {
-	s.exit(0)
-	return nil
+	return s.cmd.Process.Signal(unix.SIGTERM)
 }
 
-// Kill stops the sandbox with the status of SIGKILL.
+// Kill stops the pause process at once.
 func (s *sandboxVM) Kill() error {
-	s.exit(128 + int(unix.SIGKILL))
+	if err := s.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
 	return nil
 }
 
@@ -64,19 +142,11 @@ func (s *sandboxVM) Kill() error {
 func (s *sandboxVM) Pause(context.Context) error  { return nil }
 func (s *sandboxVM) Resume(context.Context) error { return nil }
 
-// Done is closed once the sandbox is stopped.
+// Done is closed once the pause process has exited.
 func (s *sandboxVM) Done() <-chan struct{} { return s.done }
 
-// ExitStatus returns the status the sandbox stopped with.
+// ExitStatus returns the pause process's status.
 func (s *sandboxVM) ExitStatus() (int, time.Time) { return s.code, s.at }
 
-// Release closes the silent console.
-func (s *sandboxVM) Release(context.Context) { s.guestEnd.Close() }
-
-func (s *sandboxVM) exit(code int) {
-	s.once.Do(func() {
-		s.code, s.at = code, time.Now()
-		s.guestEnd.Close() // the console reader sees EOF, so the exit can be reported
-		close(s.done)
-	})
-}
+// Release removes the sandbox's record.
+func (s *sandboxVM) Release(ctx context.Context) { s.rec.release(ctx) }

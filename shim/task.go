@@ -42,7 +42,7 @@ type task struct {
 func newTask(ctx context.Context, id, bundle string, io stdio, vm VM, onExit func(*task)) *task {
 	t := &task{
 		id: id, bundle: bundle, stdio: io, vm: vm,
-		cons:   newConsole(ctx, vm.Console(), io.stdin, io.stdout),
+		cons:   newConsole(ctx, vm.Console(), io),
 		exited: make(chan struct{}),
 	}
 	go t.monitor(ctx, onExit)

@@ -4,13 +4,26 @@ package main
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"runtime"
 
 	"github.com/containerd/containerd/v2/pkg/shim"
 
 	vmshim "github.com/vmshim/vmshim/shim"
 )
 
+func init() {
+	// A pod sandbox's pause process joins the pod's network namespace on
+	// the main thread, whose namespace /proc/PID/ns/net shows.
+	runtime.LockOSThread()
+}
+
 func main() {
+	if filepath.Base(os.Args[0]) == vmshim.PauseName {
+		os.Exit(vmshim.RunPause(os.Args[1:]))
+	}
+	runtime.UnlockOSThread()
 	vmshim.Register()
 	shim.RunShim(context.Background(), vmshim.NewManager(vmshim.RuntimeName), func(c *shim.Config) {
 		// QEMU is our direct child and exec.Cmd.Wait reaps it; a global
