@@ -7,7 +7,6 @@ import (
 	"os"
 	"path"
 	"sort"
-	"testing"
 
 	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
@@ -17,8 +16,14 @@ import (
 // writeArchive writes an OCI image archive named ref whose single,
 // uncompressed layer holds files (path → content). It makes images that
 // vmshim-pack rightly refuses to make, for the bad-input tests.
-func writeArchive(t *testing.T, dst, ref string, files map[string][]byte) {
-	t.Helper()
+func writeArchive(dst, ref string, files map[string][]byte) (retErr error) {
+	// The archive/tar and JSON writers below only fail on I/O to memory;
+	// collect the first error rather than checking each call.
+	check := func(err error) {
+		if err != nil && retErr == nil {
+			retErr = err
+		}
+	}
 	var layer bytes.Buffer
 	tw := tar.NewWriter(&layer)
 	names := make([]string, 0, len(files))
@@ -30,13 +35,13 @@ func writeArchive(t *testing.T, dst, ref string, files map[string][]byte) {
 	for _, n := range names {
 		for d := path.Dir(n); d != "." && !dirs[d]; d = path.Dir(d) {
 			dirs[d] = true
-			must(t, tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755}))
+			check(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755}))
 		}
-		must(t, tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: 0o444, Size: int64(len(files[n]))}))
+		check(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: 0o444, Size: int64(len(files[n]))}))
 		_, err := tw.Write(files[n])
-		must(t, err)
+		check(err)
 	}
-	must(t, tw.Close())
+	check(tw.Close())
 
 	blobs := map[digest.Digest][]byte{}
 	add := func(mediaType string, data []byte) ocispec.Descriptor {
@@ -50,41 +55,37 @@ func writeArchive(t *testing.T, dst, ref string, files map[string][]byte) {
 		Config:   ocispec.ImageConfig{Cmd: []string{"/vm"}},
 		RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{layerDesc.Digest}},
 	})
-	must(t, err)
+	check(err)
 	manifest, err := json.Marshal(ocispec.Manifest{
 		Versioned: specs.Versioned{SchemaVersion: 2},
 		MediaType: ocispec.MediaTypeImageManifest,
 		Config:    add(ocispec.MediaTypeImageConfig, cfg),
 		Layers:    []ocispec.Descriptor{layerDesc},
 	})
-	must(t, err)
+	check(err)
 	mdesc := add(ocispec.MediaTypeImageManifest, manifest)
 	mdesc.Annotations = map[string]string{"io.containerd.image.name": ref, ocispec.AnnotationRefName: "latest"}
 	index, err := json.Marshal(ocispec.Index{
 		Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageIndex,
 		Manifests: []ocispec.Descriptor{mdesc},
 	})
-	must(t, err)
+	check(err)
 
 	var out bytes.Buffer
 	aw := tar.NewWriter(&out)
 	put := func(name string, data []byte) {
-		must(t, aw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o444, Size: int64(len(data))}))
+		check(aw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o444, Size: int64(len(data))}))
 		_, err := aw.Write(data)
-		must(t, err)
+		check(err)
 	}
 	put(ocispec.ImageLayoutFile, []byte(`{"imageLayoutVersion":"1.0.0"}`))
 	put("index.json", index)
 	for d, data := range blobs {
 		put("blobs/sha256/"+d.Encoded(), data)
 	}
-	must(t, aw.Close())
-	must(t, os.WriteFile(dst, out.Bytes(), 0o644))
-}
-
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
+	check(aw.Close())
+	if retErr != nil {
+		return retErr
 	}
+	return os.WriteFile(dst, out.Bytes(), 0o644)
 }

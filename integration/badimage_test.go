@@ -29,7 +29,9 @@ func TestBadImagesFailCleanly(t *testing.T) {
 			defer cancel()
 			ref := "localhost/vmshim-test/bad:" + tc.name
 			archive := filepath.Join(t.TempDir(), "image.tar")
-			writeArchive(t, archive, ref, tc.files)
+			if err := writeArchive(archive, ref, tc.files); err != nil {
+				t.Fatal(err)
+			}
 			if out, err := env.daemon.ctr(ctx, "images", "import", archive); err != nil {
 				t.Fatalf("import: %v: %s", err, out)
 			}

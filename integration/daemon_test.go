@@ -26,7 +26,6 @@ type daemon struct {
 const daemonConfig = `version = 3
 root = %q
 state = %q
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images"]
 [grpc]
   address = %q
 [ttrpc]
@@ -35,15 +34,49 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime",
   level = "debug"
 `
 
+// criConfig enables the CRI with the runtime handler "vm", as
+// docs/kubernetes.md tells users to, plus what a test daemon needs: its
+// own CNI and netns directories and a local pause image. Root here lacks
+// CAP_SYS_RESOURCE, hence restrict_oom_score_adj.
+const criConfig = `[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = %q
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = %q
+    max_conf_num = 1
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm]
+    runtime_type = "io.containerd.vm.v2"
+    pod_annotations = ["vmshim.io/*"]
+    container_annotations = ["vmshim.io/*"]
+`
+
+// noCRIConfig disables the CRI for daemons that only serve ctr.
+const noCRIConfig = `disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images"]
+`
+
+// pauseImage is the sandbox image of test daemons; the shim runs no
+// process for it, so its content does not matter.
+const pauseImage = "localhost/vmshim-test/pause:1"
+
+// daemonOptions choose what a test daemon serves.
+type daemonOptions struct {
+	// cni is the CNI network config list (JSON) the CRI uses; empty
+	// disables the CRI.
+	cni string
+}
+
 // startDaemon starts containerd with the shim directory on its PATH.
-func startDaemon(containerdDir, shimDir string) (_ *daemon, retErr error) {
+func startDaemon(containerdDir, shimDir string, opts daemonOptions) (_ *daemon, retErr error) {
 	dir, err := os.MkdirTemp("", "vmshim-it-")
 	if err != nil {
 		return nil, err
 	}
 	d := &daemon{
 		dir:     dir,
-		netns:   fmt.Sprintf("vmshim-it-%d", os.Getpid()),
+		netns:   filepath.Base(dir), // unique, like the directory
 		address: filepath.Join(dir, "containerd.sock"),
 		ctrBin:  filepath.Join(containerdDir, "ctr"),
 		logPath: filepath.Join(dir, "containerd.log"),
@@ -55,6 +88,19 @@ func startDaemon(containerdDir, shimDir string) (_ *daemon, retErr error) {
 	}()
 	cfg := filepath.Join(dir, "config.toml")
 	body := fmt.Sprintf(daemonConfig, filepath.Join(dir, "root"), filepath.Join(dir, "state"), d.address, d.address+".ttrpc")
+	if opts.cni == "" {
+		body = noCRIConfig + body
+	} else {
+		cniDir := filepath.Join(dir, "cni")
+		if err := os.MkdirAll(cniDir, 0o755); err != nil {
+			return nil, err
+		}
+		conf := strings.ReplaceAll(opts.cni, "@DIR@", dir)
+		if err := os.WriteFile(filepath.Join(cniDir, "10-vmshim-test.conflist"), []byte(conf), 0o644); err != nil {
+			return nil, err
+		}
+		body += fmt.Sprintf(criConfig, pauseImage, cniDir)
+	}
 	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
 		return nil, err
 	}
@@ -92,8 +138,13 @@ func startDaemon(containerdDir, shimDir string) (_ *daemon, retErr error) {
 
 // ctr runs the ctr binary against the daemon in the test namespace.
 func (d *daemon) ctr(ctx context.Context, args ...string) (string, error) {
+	return d.ctrIn(ctx, testNamespace, args...)
+}
+
+// ctrIn runs the ctr binary in containerd namespace ns.
+func (d *daemon) ctrIn(ctx context.Context, ns string, args ...string) (string, error) {
 	var out bytes.Buffer
-	cmd := exec.CommandContext(ctx, d.ctrBin, append([]string{"-a", d.address, "-n", testNamespace}, args...)...)
+	cmd := exec.CommandContext(ctx, d.ctrBin, append([]string{"-a", d.address, "-n", ns}, args...)...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
 	return out.String(), err
@@ -112,8 +163,8 @@ func (d *daemon) stop() {
 			<-done
 		}
 	}
-	_ = exec.Command("ip", "netns", "delete", d.netns).Run()
 	if os.Getenv("VMSHIM_KEEP") == "" {
+		_ = exec.Command("ip", "netns", "delete", d.netns).Run()
 		unmountUnder(d.dir)
 		_ = os.RemoveAll(d.dir)
 	}

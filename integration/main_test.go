@@ -59,7 +59,7 @@ func run(m *testing.M) (int, error) {
 			return 0, fmt.Errorf("%s is not set", k)
 		}
 	}
-	d, err := startDaemon(os.Getenv(envContainerd), s.binDir)
+	d, err := startDaemon(os.Getenv(envContainerd), s.binDir, daemonOptions{cni: bridgeCNI})
 	if err != nil {
 		return 0, err
 	}
@@ -71,11 +71,30 @@ func run(m *testing.M) (int, error) {
 	defer s.client.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	for _, archive := range []string{"disk-wait.tar", "disk-poweroff.tar", "kernel-wait.tar", "kernel-poweroff.tar"} {
-		if out, err := d.ctr(ctx, "images", "import", filepath.Join(s.guestDir, archive)); err != nil {
-			return 0, fmt.Errorf("import %s: %v: %s", archive, err, out)
-		}
+	if err := importImages(ctx, d, s.guestDir); err != nil {
+		return 0, err
 	}
 	env = s
 	return m.Run(), nil
+}
+
+// importImages imports the test guests and the pause image into the
+// namespaces of ctr (the tests') and of the CRI (k8s.io).
+func importImages(ctx context.Context, d *daemon, guestDir string) error {
+	pause := filepath.Join(d.dir, "pause.tar")
+	if err := writeArchive(pause, pauseImage, map[string][]byte{"pause": []byte("vmshim runs no process for pod sandboxes\n")}); err != nil {
+		return err
+	}
+	archives := []string{pause}
+	for _, a := range []string{"disk-wait.tar", "disk-poweroff.tar", "kernel-wait.tar", "kernel-poweroff.tar"} {
+		archives = append(archives, filepath.Join(guestDir, a))
+	}
+	for _, ns := range []string{testNamespace, criNamespace} {
+		for _, a := range archives {
+			if out, err := d.ctrIn(ctx, ns, "images", "import", a); err != nil {
+				return fmt.Errorf("import %s: %v: %s", a, err, out)
+			}
+		}
+	}
+	return nil
 }
