@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -161,6 +162,14 @@ func (d *daemon) stop() {
 		case <-time.After(10 * time.Second):
 			_ = syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
 			<-done
+		}
+	}
+	// Shims outlive containerd by design; a test that failed half-way may
+	// leave some (and their VMs) behind. They all name the daemon's dir.
+	for _, p := range processesMentioning(d.dir) {
+		pid, _, _ := strings.Cut(p, ":")
+		if n, err := strconv.Atoi(pid); err == nil {
+			_ = syscall.Kill(n, syscall.SIGKILL)
 		}
 	}
 	if os.Getenv("VMSHIM_KEEP") == "" {
