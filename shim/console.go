@@ -4,12 +4,18 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/containerd/fifo"
 	"github.com/containerd/log"
 )
+
+// drainTimeout bounds how long output left when the guest's console ends
+// may wait for a reader of stdout before it is dropped.
+const drainTimeout = time.Second
 
 // consoleBuffer bounds how much console output waits for a slow reader of
 // the task's stdout (about 20 s of a 115200 baud serial port); past it the
@@ -23,9 +29,10 @@ type console struct {
 	done   chan struct{} // closed once all guest output has been written out
 	cancel context.CancelFunc
 
-	mu      sync.Mutex // guards stdin and outputs
+	mu      sync.Mutex // guards stdin, stdout and outputs
 	stdin   io.Closer
-	outputs []io.Closer // stdout and stderr, once open
+	stdout  *os.File    // set once open
+	outputs []io.Closer // stdout and stderr with their held read ends
 }
 
 // newConsole starts copying between conn (the guest's serial port) and the
@@ -53,6 +60,11 @@ func (c *console) readGuest() {
 		}
 		if err != nil {
 			c.buf.Close()
+			c.mu.Lock()
+			if c.stdout != nil {
+				_ = c.stdout.SetWriteDeadline(time.Now().Add(drainTimeout))
+			}
+			c.mu.Unlock()
 			return
 		}
 	}
@@ -66,6 +78,12 @@ func (c *console) writeStdout(ctx context.Context, stdout, stderr string) {
 	defer close(c.done)
 	var w io.Writer = io.Discard
 	if f := c.openOutput(ctx, stdout); f != nil {
+		c.mu.Lock()
+		c.stdout = f
+		if c.buf.isClosed() {
+			_ = f.SetWriteDeadline(time.Now().Add(drainTimeout))
+		}
+		c.mu.Unlock()
 		w = f
 	}
 	c.openOutput(ctx, stderr)
@@ -86,17 +104,27 @@ func (c *console) writeStdout(ctx context.Context, stdout, stderr string) {
 }
 
 // openOutput opens the fifo at path for writing; nil when there is none.
-func (c *console) openOutput(ctx context.Context, path string) io.Writer {
+// It also holds a read end, never read, so that while containerd is away
+// (restarting) writes wait instead of failing with EPIPE; the ring keeps
+// the guest from stalling meanwhile.
+// Both ends are pollable files, so writes honour deadlines and Close.
+func (c *console) openOutput(ctx context.Context, path string) *os.File {
 	if path == "" {
 		return nil
 	}
-	f, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY, 0)
+	keep, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		log.G(ctx).WithError(err).WithField("fifo", path).Warn("open output fifo")
 		return nil
 	}
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		keep.Close()
+		log.G(ctx).WithError(err).WithField("fifo", path).Warn("open output fifo")
+		return nil
+	}
 	c.mu.Lock()
-	c.outputs = append(c.outputs, f)
+	c.outputs = append(c.outputs, f, keep)
 	c.mu.Unlock()
 	return f
 }
@@ -231,6 +259,13 @@ func (r *ring) Close() {
 	r.closed = true
 	r.cond.Broadcast()
 	r.mu.Unlock()
+}
+
+// isClosed reports whether Close was called.
+func (r *ring) isClosed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closed
 }
 
 // Dropped reports how many bytes were dropped for want of a reader.
