@@ -16,12 +16,17 @@ import (
 // daemon is a private containerd in a network namespace of its own, so
 // nothing the tests do reaches the host's network.
 type daemon struct {
-	dir     string // root of everything the daemon writes
-	netns   string // name under /run/netns
-	address string
-	ctrBin  string
-	cmd     *exec.Cmd
-	logPath string
+	dir           string // root of everything the daemon writes
+	netns         string // name under /run/netns
+	address       string
+	ctrBin        string
+	containerdBin string
+	shimDir       string
+	config        string
+	logPath       string
+
+	cmd    *exec.Cmd     // the running containerd, nil when stopped
+	waited chan struct{} // closed when cmd has been reaped
 }
 
 const daemonConfig = `version = 3
@@ -109,32 +114,64 @@ func startDaemon(containerdDir, shimDir string, opts daemonOptions) (_ *daemon, 
 		return nil, fmt.Errorf("ip netns add: %v: %s", err, out)
 	}
 	_ = exec.Command("ip", "-n", d.netns, "link", "set", "lo", "up").Run()
-	logf, err := os.Create(d.logPath)
-	if err != nil {
+	d.config, d.containerdBin, d.shimDir = cfg, filepath.Join(containerdDir, "containerd"), shimDir
+	if err := d.start(); err != nil {
 		return nil, err
+	}
+	return d, nil
+}
+
+// start runs the containerd process and waits until it answers.
+func (d *daemon) start() error {
+	logf, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
 	}
 	defer logf.Close()
 	// nsenter, not `ip netns exec`, which remounts /sys and hides cgroups.
-	d.cmd = exec.Command("nsenter", "--net=/run/netns/"+d.netns, "--",
-		filepath.Join(containerdDir, "containerd"), "--config", cfg)
-	d.cmd.Env = append(os.Environ(), "PATH="+shimDir+":"+os.Getenv("PATH"))
+	d.cmd = exec.Command("nsenter", "--net=/run/netns/"+d.netns, "--", d.containerdBin, "--config", d.config)
+	d.cmd.Env = append(os.Environ(), "PATH="+d.shimDir+":"+os.Getenv("PATH"))
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start containerd: %w", err)
+		return fmt.Errorf("start containerd: %w", err)
 	}
+	d.waited = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(d.cmd, d.waited)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for {
 		if _, err := d.ctr(ctx, "version"); err == nil {
-			return d, nil
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("containerd did not come up; log %s", d.logPath)
+			return fmt.Errorf("containerd did not come up; log %s", d.logPath)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// stopProcess ends the containerd process only; shims and their VMs go
+// on running, as they do when a node restarts containerd.
+func (d *daemon) stopProcess() {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.waited:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
+		<-d.waited
+	}
+	d.cmd = nil
+}
+
+// restart stops and starts containerd with the same state.
+func (d *daemon) restart() error {
+	d.stopProcess()
+	return d.start()
 }
 
 // ctr runs the ctr binary against the daemon in the test namespace.
@@ -153,17 +190,7 @@ func (d *daemon) ctrIn(ctx context.Context, ns string, args ...string) (string, 
 
 // stop ends containerd and removes its namespace and files.
 func (d *daemon) stop() {
-	if d.cmd != nil && d.cmd.Process != nil {
-		_ = d.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = d.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-		}
-	}
+	d.stopProcess()
 	// Shims outlive containerd by design; a test that failed half-way may
 	// leave some (and their VMs) behind. They all name the daemon's dir.
 	for _, p := range processesMentioning(d.dir) {

@@ -40,13 +40,14 @@ const overlayDir = ".vmshim"
 
 // qemuLauncher creates VMs with QEMU from a bundle.
 type qemuLauncher struct {
-	mu     sync.Mutex // guards accels
-	accels map[string]qemu.Accel
+	mu        sync.Mutex // guards accels and sandboxes
+	accels    map[string]qemu.Accel
+	sandboxes map[string]string // /proc/PID/ns/net of a pause process → the pod netns it joined
 }
 
 // NewLauncher returns the Launcher that boots VMs with QEMU.
 func NewLauncher() Launcher {
-	return &qemuLauncher{accels: make(map[string]qemu.Accel)}
+	return &qemuLauncher{accels: make(map[string]qemu.Accel), sandboxes: make(map[string]string)}
 }
 
 // Launch resolves the task's settings, prepares its disks and starts QEMU
@@ -61,7 +62,7 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		return nil, err
 	}
 	if isSandbox(spec) {
-		return launchSandbox(ctx, r, spec)
+		return l.launchSandbox(ctx, r, spec)
 	}
 	desc, err := config.Resolve(cfg, r.ID, spec)
 	if err != nil {
@@ -151,6 +152,9 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 	logger := log.G(ctx).WithField("id", r.ID)
 	var netw *network.Network
 	if nsPath, resolvConf := podNetwork(spec); nsPath != "" {
+		// CRI names the pod's netns through the sandbox's pause process;
+		// record the namespace's own path, which outlives that process.
+		nsPath = l.podNetns(nsPath)
 		netw, err = network.Setup(ctx, nsPath, network.Options{
 			Hostname: hostname(spec), ResolvConf: resolvConf, Logger: logger,
 			Record: func(st *network.State) error {
@@ -209,6 +213,39 @@ func (l *qemuLauncher) accel(ctx context.Context, mode, binary string) (qemu.Acc
 	log.G(ctx).WithFields(log.Fields{"accel": a, "reason": reason}).Info("accelerator chosen")
 	l.accels[mode] = a
 	return a, nil
+}
+
+// launchSandbox starts a pod sandbox's pause process and remembers the
+// pod netns it joined.
+func (l *qemuLauncher) launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec) (VM, error) {
+	nsPath, _ := podNetwork(spec)
+	s, err := launchSandbox(r, nsPath)
+	if err != nil {
+		return nil, err
+	}
+	if nsPath != "" {
+		key := fmt.Sprintf("/proc/%d/ns/net", s.Pid())
+		l.mu.Lock()
+		l.sandboxes[key] = nsPath
+		l.mu.Unlock()
+		s.onRelease = func() {
+			l.mu.Lock()
+			delete(l.sandboxes, key)
+			l.mu.Unlock()
+		}
+	}
+	return s, nil
+}
+
+// podNetns maps a /proc/PID/ns/net path of one of this shim's pause
+// processes to the pod netns it joined; other paths are returned as is.
+func (l *qemuLauncher) podNetns(path string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p, ok := l.sandboxes[path]; ok {
+		return p
+	}
+	return path
 }
 
 // runtimeDir is the VM's runtime directory, named by a hash of its

@@ -64,16 +64,18 @@ type sandboxVM struct {
 	done     chan struct{}
 	code     int // written before done is closed
 	at       time.Time
+
+	onRelease func() // set by the launcher before the sandbox is used
 }
 
-// launchSandbox starts the pause process of a pod sandbox.
-func launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec) (_ *sandboxVM, retErr error) {
+// launchSandbox starts the pause process of a pod sandbox in the network
+// namespace at nsPath ("" for the host's).
+func launchSandbox(r *CreateRequest, nsPath string) (*sandboxVM, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	rec := &record{ID: r.ID, Bundle: r.Bundle}
-	nsPath, _ := podNetwork(spec)
 	cmd := &exec.Cmd{Path: self, Args: []string{PauseName, nsPath}, Dir: "/"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -149,4 +151,9 @@ func (s *sandboxVM) Done() <-chan struct{} { return s.done }
 func (s *sandboxVM) ExitStatus() (int, time.Time) { return s.code, s.at }
 
 // Release removes the sandbox's record.
-func (s *sandboxVM) Release(ctx context.Context) { s.rec.release(ctx) }
+func (s *sandboxVM) Release(ctx context.Context) {
+	if s.onRelease != nil {
+		s.onRelease()
+	}
+	s.rec.release(ctx)
+}
