@@ -111,6 +111,16 @@ func (p *pod) netnsPath(ctx context.Context, t *testing.T) string {
 // startVM creates and starts a VM container in the pod.
 func (p *pod) startVM(ctx context.Context, t *testing.T, image string, annotations map[string]string) *criContainer {
 	t.Helper()
+	c := p.createVM(ctx, t, image, annotations)
+	if _, err := p.c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: c.id}); err != nil {
+		t.Fatalf("StartContainer: %v", err)
+	}
+	return c
+}
+
+// createVM creates a VM container in the pod.
+func (p *pod) createVM(ctx context.Context, t *testing.T, image string, annotations map[string]string) *criContainer {
+	t.Helper()
 	name := fmt.Sprintf("vm-%d", time.Now().UnixNano()%100000)
 	cfg := &runtimeapi.ContainerConfig{
 		Metadata:    &runtimeapi.ContainerMetadata{Name: name},
@@ -121,9 +131,6 @@ func (p *pod) startVM(ctx context.Context, t *testing.T, image string, annotatio
 	created, err := p.c.runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: p.id, Config: cfg, SandboxConfig: p.config})
 	if err != nil {
 		t.Fatalf("CreateContainer: %v\ncontainerd log:\n%s", err, p.c.d.logTail())
-	}
-	if _, err := p.c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: created.ContainerId}); err != nil {
-		t.Fatalf("StartContainer: %v", err)
 	}
 	return &criContainer{p: p, id: created.ContainerId, log: filepath.Join(p.config.LogDirectory, cfg.LogPath)}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -73,6 +74,17 @@ func TestCRILifecycle(t *testing.T) {
 		t.Errorf("a shim of its own for the VM container: %v", shims)
 	}
 	shimBefore := shimsOf(p.id)
+	logPodMemory(t, p, vm)
+
+	// A second VM cannot share the pod's IP: it fails, clearly.
+	second := p.createVM(ctx, t, imageKernelWaitCRI, nil)
+	_, err := c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: second.id})
+	if err == nil || !strings.Contains(err.Error(), "a VM pod has one VM container") {
+		t.Errorf("second VM container in the pod: %v, want a one-VM error", err)
+	}
+	if _, err := c.runtime.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: second.id}); err != nil {
+		t.Errorf("RemoveContainer of the refused container: %v", err)
+	}
 
 	// A guest that honours ACPI stops cleanly well before the timeout:
 	// exit 0, not the 137 of the SIGKILL at the deadline.
@@ -96,7 +108,8 @@ func TestCRILifecycle(t *testing.T) {
 			t.Errorf("RemoveContainer: %v", err)
 		}
 	}
-	list, err := c.runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: p.id}})
+	var list *runtimeapi.ListContainersResponse
+	list, err = c.runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: p.id}})
 	if err != nil || len(list.Containers) != 0 {
 		t.Errorf("ListContainers after removal: %v %v", list.GetContainers(), err)
 	}
@@ -246,4 +259,65 @@ func assertCRILog(t *testing.T, path string, markers ...string) {
 	if next != len(markers) {
 		t.Errorf("markers %v not all in order in %s (found %d)", markers, path, next)
 	}
+}
+
+// TestCRIQEMUKilled: a VM whose QEMU dies is reported exited with a
+// non-zero code, and the pod can run it again.
+func TestCRIQEMUKilled(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
+	defer cancel()
+	c := newCRI(t, env.daemon)
+	p := c.runPod(ctx, t, "qemukill")
+	vm := p.startVM(ctx, t, imageKernelWaitCRI, nil)
+	vm.waitLog(ctx, t, markerBooted)
+	procs := processesMentioning("guest=" + vm.id)
+	if len(procs) != 1 {
+		t.Fatalf("qemu processes: %v", procs)
+	}
+	pid, _, _ := strings.Cut(procs[0], ":")
+	if out, err := exec.Command("kill", "-KILL", pid).CombinedOutput(); err != nil {
+		t.Fatalf("kill qemu: %v %s", err, out)
+	}
+	if st := vm.waitExited(ctx, t); st.ExitCode != 137 || st.Reason != "Error" {
+		t.Errorf("after qemu was killed: exit %d reason %q, want 137 Error", st.ExitCode, st.Reason)
+	}
+	again := p.startVM(ctx, t, imageKernelWaitCRI, nil)
+	again.waitLog(ctx, t, "VMSHIM-LEASE")
+	p.remove(t)
+	assertNothingLeftCRI(t, vm.id, again.id)
+}
+
+// logPodMemory reports what the running VM pod costs the host beyond guest
+// RAM: QEMU's own memory, the shim and the pause process. This is the
+// figure the RuntimeClass's overhead.podFixed holds (make bench measures
+// it properly).
+func logPodMemory(t *testing.T, p *pod, vm *criContainer) {
+	const guestMiB = 512 // config default_memory: the test pods set no limit
+	qemuPid, err := pidOf("guest=" + vm.id)
+	if err != nil {
+		t.Errorf("qemu: %v", err)
+		return
+	}
+	q, err := processMemory(qemuPid, guestMiB)
+	if err != nil {
+		t.Errorf("qemu memory: %v", err)
+		return
+	}
+	total := q.overheadKiB()
+	line := fmt.Sprintf("qemu rss %d KiB (guest RAM touched %d KiB, overhead %d KiB)", q.rssKiB, q.guestKiB, q.overheadKiB())
+	for name, s := range map[string]string{"shim": "containerd-shim-vm-v2 -namespace " + criNamespace + " -id " + p.id, "pause": "vmshim-pause " + p.netnsPath(context.Background(), t)} {
+		pid, err := pidOf(s)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		m, err := processMemory(pid, 0)
+		if err != nil {
+			t.Errorf("%s memory: %v", name, err)
+			continue
+		}
+		total += m.rssKiB
+		line += fmt.Sprintf(", %s rss %d KiB", name, m.rssKiB)
+	}
+	t.Logf("host memory of one VM pod beyond guest RAM: %d KiB: %s", total, line)
 }

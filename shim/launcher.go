@@ -40,14 +40,15 @@ const overlayDir = ".vmshim"
 
 // qemuLauncher creates VMs with QEMU from a bundle.
 type qemuLauncher struct {
-	mu        sync.Mutex // guards accels and sandboxes
+	mu        sync.Mutex // guards accels, sandboxes and podVMs
 	accels    map[string]qemu.Accel
 	sandboxes map[string]string // /proc/PID/ns/net of a pause process → the pod netns it joined
+	podVMs    map[string]string // CRI sandbox id → the container whose VM the pod runs
 }
 
 // NewLauncher returns the Launcher that boots VMs with QEMU.
 func NewLauncher() Launcher {
-	return &qemuLauncher{accels: make(map[string]qemu.Accel), sandboxes: make(map[string]string)}
+	return &qemuLauncher{accels: make(map[string]qemu.Accel), sandboxes: make(map[string]string), podVMs: make(map[string]string)}
 }
 
 // Launch resolves the task's settings, prepares its disks and starts QEMU
@@ -68,6 +69,15 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 	if err != nil {
 		return nil, err
 	}
+	release, err := l.claimPod(spec.Annotations[groupAnnotation], r.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			release()
+		}
+	}()
 	binary, err := exec.LookPath(cfg.QEMUBinary)
 	if err != nil {
 		return nil, fmt.Errorf("qemu binary %q not found: %w", cfg.QEMUBinary, errdefs.ErrFailedPrecondition)
@@ -196,7 +206,7 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		return nil, err
 	}
 	logger.WithFields(log.Fields{"pid": vm.Pid(), "accel": qs.Accel, "nics": len(qs.NICs)}).Info("vm created")
-	return &qemuVM{VM: vm, console: shimEnd, rec: rec, stderr: stderr, network: netw}, nil
+	return &qemuVM{VM: vm, console: shimEnd, rec: rec, stderr: stderr, network: netw, onRelease: release}, nil
 }
 
 // accel picks the accelerator for a mode once per shim process.
@@ -235,6 +245,26 @@ func (l *qemuLauncher) launchSandbox(ctx context.Context, r *CreateRequest, spec
 		}
 	}
 	return s, nil
+}
+
+// claimPod makes container id the pod's one VM. A VM pod runs one VM: the
+// VM owns the pod's IP, which two VMs cannot share. The returned func gives
+// the claim back.
+func (l *qemuLauncher) claimPod(sandboxID, id string) (func(), error) {
+	if sandboxID == "" {
+		return func() {}, nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if other, ok := l.podVMs[sandboxID]; ok {
+		return nil, fmt.Errorf("pod already runs a VM in container %s; a VM pod has one VM container: %w", other, errdefs.ErrFailedPrecondition)
+	}
+	l.podVMs[sandboxID] = id
+	return func() {
+		l.mu.Lock()
+		delete(l.podVMs, sandboxID)
+		l.mu.Unlock()
+	}, nil
 }
 
 // podNetns maps a /proc/PID/ns/net path of one of this shim's pause
@@ -344,6 +374,8 @@ type qemuVM struct {
 	rec     *record
 	stderr  io.Closer
 	network *network.Network // nil without a pod network
+
+	onRelease func() // gives the pod back its VM slot
 }
 
 // Console returns the shim's end of the guest's serial port.
@@ -363,4 +395,5 @@ func (v *qemuVM) Release(ctx context.Context) {
 		}
 	}
 	v.rec.release(ctx)
+	v.onRelease()
 }
