@@ -121,13 +121,19 @@ func (p *pod) startVM(ctx context.Context, t *testing.T, image string, annotatio
 // createVM creates a VM container in the pod.
 func (p *pod) createVM(ctx context.Context, t *testing.T, image string, annotations map[string]string) *criContainer {
 	t.Helper()
+	return p.createVMWith(ctx, t, image, func(cfg *runtimeapi.ContainerConfig) { cfg.Annotations = annotations })
+}
+
+// createVMWith creates a VM container whose config edit adjusts.
+func (p *pod) createVMWith(ctx context.Context, t *testing.T, image string, edit func(*runtimeapi.ContainerConfig)) *criContainer {
+	t.Helper()
 	name := fmt.Sprintf("vm-%d", time.Now().UnixNano()%100000)
 	cfg := &runtimeapi.ContainerConfig{
-		Metadata:    &runtimeapi.ContainerMetadata{Name: name},
-		Image:       &runtimeapi.ImageSpec{Image: image},
-		LogPath:     name + ".log",
-		Annotations: annotations,
+		Metadata: &runtimeapi.ContainerMetadata{Name: name},
+		Image:    &runtimeapi.ImageSpec{Image: image},
+		LogPath:  name + ".log",
 	}
+	edit(cfg)
 	created, err := p.c.runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: p.id, Config: cfg, SandboxConfig: p.config})
 	if err != nil {
 		t.Fatalf("CreateContainer: %v\ncontainerd log:\n%s", err, p.c.d.logTail())

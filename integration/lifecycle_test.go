@@ -60,6 +60,10 @@ func TestCRILifecycle(t *testing.T) {
 	defer cancel()
 	c := newCRI(t, env.daemon)
 	p := c.runPod(ctx, t, "life")
+	pods, err := c.runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{Id: p.id}})
+	if err != nil || len(pods.Items) != 1 || pods.Items[0].State != runtimeapi.PodSandboxState_SANDBOX_READY {
+		t.Fatalf("ListPodSandbox: %v %v", pods.GetItems(), err)
+	}
 	vm := p.startVM(ctx, t, imageKernelWaitCRI, nil)
 	if st := vm.status(ctx, t); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
 		t.Fatalf("state %v, want running", st.State)
@@ -78,7 +82,7 @@ func TestCRILifecycle(t *testing.T) {
 
 	// A second VM cannot share the pod's IP: it fails, clearly.
 	second := p.createVM(ctx, t, imageKernelWaitCRI, nil)
-	_, err := c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: second.id})
+	_, err = c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: second.id})
 	if err == nil || !strings.Contains(err.Error(), "a VM pod has one VM container") {
 		t.Errorf("second VM container in the pod: %v, want a one-VM error", err)
 	}
