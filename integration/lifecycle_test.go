@@ -131,10 +131,7 @@ func TestCRILifecycle(t *testing.T) {
 func TestCRIContainerdRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
 	defer cancel()
-	c := newCRI(t, env.daemon)
-	p := c.runPod(ctx, t, "restart")
-	vm := p.startVM(ctx, t, imageKernelWaitCRI, nil)
-	vm.waitLog(ctx, t, "VMSHIM-LEASE")
+	c, p, vm := runLeasedVM(ctx, t, "restart")
 	qemu := processesMentioning("guest=" + vm.id)
 
 	if err := env.daemon.restart(); err != nil {
@@ -164,10 +161,7 @@ func TestCRIContainerdRestart(t *testing.T) {
 func TestCRIShimKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
 	defer cancel()
-	c := newCRI(t, env.daemon)
-	p := c.runPod(ctx, t, "shimkill")
-	vm := p.startVM(ctx, t, imageKernelWaitCRI, nil)
-	vm.waitLog(ctx, t, "VMSHIM-LEASE")
+	_, p, vm := runLeasedVM(ctx, t, "shimkill")
 	netns := p.netnsPath(ctx, t)
 	shims := shimsOf(p.id)
 	if len(shims) != 1 {
@@ -196,6 +190,17 @@ func TestCRIShimKilled(t *testing.T) {
 	p.remove(t)
 	assertNothingLeftCRI(t, vm.id)
 	assertNoCNIErrors(t, env.daemon)
+}
+
+// runLeasedVM runs a pod with a VM container on the suite's daemon and
+// waits until the guest has its DHCP lease.
+func runLeasedVM(ctx context.Context, t *testing.T, name string) (*cri, *pod, *criContainer) {
+	t.Helper()
+	c := newCRI(t, env.daemon)
+	p := c.runPod(ctx, t, name)
+	vm := p.startVM(ctx, t, imageKernelWaitCRI, nil)
+	vm.waitLog(ctx, t, "VMSHIM-LEASE")
+	return c, p, vm
 }
 
 // waitGone waits until gone reports true.
@@ -270,10 +275,7 @@ func assertCRILog(t *testing.T, path string, markers ...string) {
 func TestCRIQEMUKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
 	defer cancel()
-	c := newCRI(t, env.daemon)
-	p := c.runPod(ctx, t, "qemukill")
-	vm := p.startVM(ctx, t, imageKernelWaitCRI, nil)
-	vm.waitLog(ctx, t, markerBooted)
+	_, p, vm := runLeasedVM(ctx, t, "qemukill")
 	procs := processesMentioning("guest=" + vm.id)
 	if len(procs) != 1 {
 		t.Fatalf("qemu processes: %v", procs)

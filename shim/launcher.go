@@ -120,25 +120,11 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		Paused:    true,
 	}
 	if boot.Disk != "" {
-		info, err := image.Inspect(ctx, cfg.QEMUImg, boot, image.Limits{MaxVirtualSize: cfg.MaxDiskBytes()})
+		drive, err := rootDrive(ctx, cfg, desc, boot, rec, rootfs)
 		if err != nil {
 			return nil, err
 		}
-		rec.Overlay = filepath.Join(rootfs, overlayDir, "root.qcow2")
-		if err := rec.save(); err != nil {
-			return nil, err
-		}
-		if err := os.MkdirAll(filepath.Dir(rec.Overlay), 0o700); err != nil {
-			return nil, fmt.Errorf("create overlay dir: %w", err)
-		}
-		if err := image.CreateOverlay(ctx, cfg.QEMUImg, boot.Disk, boot.Format, info.VirtualSize, rec.Overlay, desc.RootDiskSize); err != nil {
-			return nil, err
-		}
-		qs.Drives = []qemu.Drive{{
-			ID: "root", Path: rec.Overlay, Format: "qcow2",
-			BackingPath: boot.Disk, BackingFormat: boot.Format,
-			Driver: desc.DiskDriver, BootIndex: 1,
-		}}
+		qs.Drives = []qemu.Drive{drive}
 	} else {
 		qs.Kernel, qs.Initrd, qs.Append = boot.Kernel, boot.Initrd, desc.KernelCmdline
 	}
@@ -223,6 +209,31 @@ func (l *qemuLauncher) accel(ctx context.Context, mode, binary string) (qemu.Acc
 	log.G(ctx).WithFields(log.Fields{"accel": a, "reason": reason}).Info("accelerator chosen")
 	l.accels[mode] = a
 	return a, nil
+}
+
+// rootDrive checks the image's disk and makes the qcow2 overlay the VM
+// boots from, in the container's writable layer; the record names the
+// overlay before it exists.
+func rootDrive(ctx context.Context, cfg config.Config, desc *config.VM, boot *image.Boot, rec *record, rootfs string) (qemu.Drive, error) {
+	info, err := image.Inspect(ctx, cfg.QEMUImg, boot, image.Limits{MaxVirtualSize: cfg.MaxDiskBytes()})
+	if err != nil {
+		return qemu.Drive{}, err
+	}
+	rec.Overlay = filepath.Join(rootfs, overlayDir, "root.qcow2")
+	if err = rec.save(); err != nil {
+		return qemu.Drive{}, err
+	}
+	if err = os.MkdirAll(filepath.Dir(rec.Overlay), 0o700); err != nil {
+		return qemu.Drive{}, fmt.Errorf("create overlay dir: %w", err)
+	}
+	if err = image.CreateOverlay(ctx, cfg.QEMUImg, boot.Disk, boot.Format, info.VirtualSize, rec.Overlay, desc.RootDiskSize); err != nil {
+		return qemu.Drive{}, err
+	}
+	return qemu.Drive{
+		ID: "root", Path: rec.Overlay, Format: "qcow2",
+		BackingPath: boot.Disk, BackingFormat: boot.Format,
+		Driver: desc.DiskDriver, BootIndex: 1,
+	}, nil
 }
 
 // launchSandbox starts a pod sandbox's pause process and remembers the
