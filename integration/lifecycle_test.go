@@ -131,14 +131,13 @@ func TestCRILifecycle(t *testing.T) {
 func TestCRIContainerdRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
 	defer cancel()
-	c, p, vm := runLeasedVM(ctx, t, "restart")
+	p, vm := runLeasedVM(ctx, t, "restart")
 	qemu := processesMentioning("guest=" + vm.id)
 
 	if err := env.daemon.restart(); err != nil {
 		t.Fatalf("restart containerd: %v", err)
 	}
-	c = newCRI(t, env.daemon)
-	vm.p.c, p.c = c, c
+	p.c = newCRI(t, env.daemon) // vm.p is p
 	if st := vm.status(ctx, t); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
 		t.Errorf("after the restart: state %v, want running", st.State)
 	}
@@ -161,7 +160,7 @@ func TestCRIContainerdRestart(t *testing.T) {
 func TestCRIShimKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
 	defer cancel()
-	_, p, vm := runLeasedVM(ctx, t, "shimkill")
+	p, vm := runLeasedVM(ctx, t, "shimkill")
 	netns := p.netnsPath(ctx, t)
 	shims := shimsOf(p.id)
 	if len(shims) != 1 {
@@ -194,13 +193,12 @@ func TestCRIShimKilled(t *testing.T) {
 
 // runLeasedVM runs a pod with a VM container on the suite's daemon and
 // waits until the guest has its DHCP lease.
-func runLeasedVM(ctx context.Context, t *testing.T, name string) (*cri, *pod, *criContainer) {
+func runLeasedVM(ctx context.Context, t *testing.T, name string) (*pod, *criContainer) {
 	t.Helper()
-	c := newCRI(t, env.daemon)
-	p := c.runPod(ctx, t, name)
+	p := newCRI(t, env.daemon).runPod(ctx, t, name)
 	vm := p.startVM(ctx, t, imageKernelWaitCRI, nil)
 	vm.waitLog(ctx, t, "VMSHIM-LEASE")
-	return c, p, vm
+	return p, vm
 }
 
 // waitGone waits until gone reports true.
@@ -275,7 +273,7 @@ func assertCRILog(t *testing.T, path string, markers ...string) {
 func TestCRIQEMUKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
 	defer cancel()
-	_, p, vm := runLeasedVM(ctx, t, "qemukill")
+	p, vm := runLeasedVM(ctx, t, "qemukill")
 	procs := processesMentioning("guest=" + vm.id)
 	if len(procs) != 1 {
 		t.Fatalf("qemu processes: %v", procs)

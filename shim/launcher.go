@@ -392,9 +392,6 @@ type qemuVM struct {
 // Console returns the shim's end of the guest's serial port.
 func (v *qemuVM) Console() io.ReadWriteCloser { return v.console }
 
-// Powerdown presses the ACPI power button.
-func (v *qemuVM) Powerdown(ctx context.Context) error { return v.VM.Powerdown(ctx) }
-
 // Release frees what the VM held once QEMU has exited.
 func (v *qemuVM) Release(ctx context.Context) {
 	v.stderr.Close()
