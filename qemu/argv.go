@@ -22,6 +22,9 @@ const (
 	AgentChardev = "agent"
 	// AgentPortName is the virtio-serial port name qemu-guest-agent opens.
 	AgentPortName = "org.qemu.guest_agent.0"
+	// AgentPortID is the qdev id of the guest agent's virtio-serial port,
+	// the id QEMU's VSERPORT_CHANGE events carry.
+	AgentPortID = "agent-port"
 	// SerialController is the id of the virtio-serial controller.
 	SerialController = "vser0"
 )
@@ -107,7 +110,7 @@ func BuildArgs(s Spec) ([]string, error) {
 		args = append(args,
 			"-device", "virtio-serial-pci,id="+SerialController,
 			"-chardev", opts{"socket", "id=" + AgentChardev}.add("path", s.AgentSocket).add("server", "on").add("wait", "off").String(),
-			"-device", "virtserialport,bus="+SerialController+".0,chardev="+AgentChardev+",name="+AgentPortName,
+			"-device", "virtserialport,bus="+SerialController+".0,id="+AgentPortID+",chardev="+AgentChardev+",name="+AgentPortName,
 		)
 	}
 	// A guest panic reported through pvpanic makes QEMU exit non-zero.

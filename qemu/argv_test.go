@@ -165,7 +165,7 @@ func TestBuildArgs(t *testing.T) {
 			tail: []string{
 				"-device", "virtio-serial-pci,id=vser0",
 				"-chardev", "socket,id=agent,path=/run/vmshim/pod-1/agent,,1.sock,server=on,wait=off",
-				"-device", "virtserialport,bus=vser0.0,chardev=agent,name=org.qemu.guest_agent.0",
+				"-device", "virtserialport,bus=vser0.0,id=agent-port,chardev=agent,name=org.qemu.guest_agent.0",
 				"-device", "pvpanic", "-action", "panic=exit-failure",
 			},
 		},

@@ -3,6 +3,7 @@ package qemu
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -36,11 +38,23 @@ type LaunchConfig struct {
 	Dir    string     // working dir
 }
 
+// States of the guest's end of the agent port, as VM.agentPort holds them.
+const (
+	agentPortUnknown int32 = iota // neither an event nor a query has told yet
+	agentPortClosed
+	agentPortOpen
+)
+
 // VM is a running QEMU process and its QMP connection.
 type VM struct {
-	cmd  *exec.Cmd
-	qmp  *Client
-	done chan struct{}
+	cmd   *exec.Cmd
+	qmp   *Client
+	agent *Agent // nil without an agent port; closed by the waiter
+	done  chan struct{}
+
+	// agentPort is one of the agentPort* states; events store it, the
+	// initial query only replaces agentPortUnknown.
+	agentPort atomic.Int32
 
 	// Written once by the waiter before done is closed; read after done.
 	exitCode int
@@ -75,7 +89,10 @@ func Launch(ctx context.Context, cfg LaunchConfig) (_ *VM, retErr error) {
 		return nil, fmt.Errorf("start qemu %s: %w", cfg.Binary, err)
 	}
 	v := &VM{cmd: cmd, done: make(chan struct{})}
-	go v.wait(cfg.Spec.QMPSocket)
+	if cfg.Spec.AgentSocket != "" {
+		v.agent = NewAgent(cfg.Spec.AgentSocket, v.agentOpen)
+	}
+	go v.wait(cfg.Spec.QMPSocket, cfg.Spec.AgentSocket)
 	logger := log.G(ctx).WithField("pid", v.Pid())
 	logger.WithField("args", strings.Join(args, " ")).Debug("qemu started")
 	defer func() {
@@ -97,8 +114,78 @@ func Launch(ctx context.Context, cfg LaunchConfig) (_ *VM, retErr error) {
 		return nil, fmt.Errorf("connect to qemu pid %d: %w (qemu output: %s)", v.Pid(), err, tail.lastLines(3))
 	}
 	logger.Debug("qemu qmp ready")
+	if v.agent != nil {
+		if err := v.watchAgentPort(ctx); err != nil {
+			// Events still tell when the guest opens the port.
+			logger.WithError(err).Warn("cannot query guest agent port state")
+		}
+	}
 	return v, nil
 }
+
+// chardevInfo is one entry of the reply to query-chardev.
+type chardevInfo struct {
+	Label        string `json:"label"`
+	FrontendOpen bool   `json:"frontend-open"`
+}
+
+// watchAgentPort follows whether the guest has the agent port open: from
+// VSERPORT_CHANGE events until the QMP connection ends, and from
+// query-chardev for the state before the first event. After a failed
+// query the port counts as closed until an event says otherwise.
+func (v *VM) watchAgentPort(ctx context.Context) error {
+	events, _ := v.qmp.Events() // ends with the connection
+	go v.trackAgentPort(events)
+	var devs []chardevInfo
+	if err := v.qmp.Execute(ctx, "query-chardev", nil, &devs); err != nil {
+		return err
+	}
+	for _, d := range devs {
+		if d.Label == AgentChardev {
+			state := agentPortClosed
+			if d.FrontendOpen {
+				state = agentPortOpen
+			}
+			v.agentPort.CompareAndSwap(agentPortUnknown, state)
+		}
+	}
+	return nil
+}
+
+// trackAgentPort applies events until the channel is closed, then marks
+// the port closed.
+func (v *VM) trackAgentPort(events <-chan Event) {
+	for ev := range events {
+		v.agentPortEvent(ev)
+	}
+	v.agentPort.Store(agentPortClosed)
+}
+
+// agentPortEvent records the agent port's state from a VSERPORT_CHANGE
+// event naming it and ignores every other event.
+func (v *VM) agentPortEvent(ev Event) {
+	if ev.Name != "VSERPORT_CHANGE" {
+		return
+	}
+	var data struct {
+		ID   string `json:"id"`
+		Open bool   `json:"open"`
+	}
+	if err := json.Unmarshal(ev.Data, &data); err != nil || data.ID != AgentPortID {
+		return
+	}
+	if data.Open {
+		v.agentPort.Store(agentPortOpen)
+	} else {
+		v.agentPort.Store(agentPortClosed)
+	}
+}
+
+// agentOpen reports whether the guest has the agent port open.
+func (v *VM) agentOpen() bool { return v.agentPort.Load() == agentPortOpen }
+
+// Agent returns the guest agent client, or nil when the VM has no agent port.
+func (v *VM) Agent() *Agent { return v.agent }
 
 // connect dials QMP until it answers, QEMU exits or ctx ends.
 func (v *VM) connect(ctx context.Context, socket string) (*Client, error) {
@@ -122,14 +209,22 @@ func (v *VM) connect(ctx context.Context, socket string) (*Client, error) {
 	}
 }
 
-// wait reaps QEMU, records its exit status, and removes its QMP socket. The
-// QMP client closes itself when QEMU's end of the connection goes away.
-func (v *VM) wait(socket string) {
+// wait reaps QEMU, records its exit status, removes its listening sockets
+// and closes the guest agent client. The QMP client closes itself when
+// QEMU's end of the connection goes away.
+func (v *VM) wait(sockets ...string) {
 	_ = v.cmd.Wait()
 	v.exitAt = time.Now()
 	v.exitCode = exitCode(v.cmd.ProcessState)
-	// QEMU does not remove its listening socket when it is killed.
-	_ = os.Remove(socket)
+	// QEMU does not remove its listening sockets when it is killed.
+	for _, s := range sockets {
+		if s != "" {
+			_ = os.Remove(s)
+		}
+	}
+	if v.agent != nil {
+		_ = v.agent.Close()
+	}
 	close(v.done)
 }
 

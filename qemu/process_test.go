@@ -3,6 +3,7 @@ package qemu
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -82,6 +83,16 @@ func TestLaunchStartPauseKill(t *testing.T) {
 	if fi, err := os.Stat(spec.AgentSocket); err != nil || fi.Mode()&os.ModeSocket == 0 {
 		t.Errorf("agent socket: %v, %v", fi, err)
 	}
+	// A guest that never ran has not opened the agent port.
+	if v.Agent() == nil {
+		t.Fatal("no agent client for a VM with an agent socket")
+	}
+	if err := v.Agent().Ping(ctx); !errors.Is(err, ErrNoAgent) {
+		t.Errorf("agent of a paused guest: %v, want ErrNoAgent", err)
+	}
+	if st := v.agentPort.Load(); st != agentPortClosed {
+		t.Errorf("agent port state = %d, want closed (%d) from query-chardev", st, agentPortClosed)
+	}
 	status("prelaunch")
 	if err := v.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -122,6 +133,12 @@ func TestLaunchStartPauseKill(t *testing.T) {
 	}
 	if _, err := os.Stat(spec.QMPSocket); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("qmp socket left behind: %v", err)
+	}
+	if _, err := os.Stat(spec.AgentSocket); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("agent socket left behind: %v", err)
+	}
+	if err := v.Agent().Ping(ctx); !errors.Is(err, ErrAgentClosed) {
+		t.Errorf("agent after exit: %v, want ErrAgentClosed", err)
 	}
 }
 
@@ -224,5 +241,89 @@ func TestTailWriter(t *testing.T) {
 	}
 	if len(w.buf) > 32 {
 		t.Errorf("buffer holds %d bytes", len(w.buf))
+	}
+}
+
+func TestAgentPortEvent(t *testing.T) {
+	ev := func(name, data string) Event { return Event{Name: name, Data: json.RawMessage(data)} }
+	tests := []struct {
+		name   string
+		before int32
+		ev     Event
+		want   int32
+	}{
+		{"opened", agentPortClosed, ev("VSERPORT_CHANGE", `{"id": "agent-port", "open": true}`), agentPortOpen},
+		{"closed", agentPortOpen, ev("VSERPORT_CHANGE", `{"id": "agent-port", "open": false}`), agentPortClosed},
+		{"opened before any query", agentPortUnknown, ev("VSERPORT_CHANGE", `{"id": "agent-port", "open": true}`), agentPortOpen},
+		{"other port", agentPortClosed, ev("VSERPORT_CHANGE", `{"id": "other", "open": true}`), agentPortClosed},
+		{"other event", agentPortOpen, ev("STOP", `{"id": "agent-port", "open": false}`), agentPortOpen},
+		{"bad data", agentPortOpen, ev("VSERPORT_CHANGE", `[]`), agentPortOpen},
+		{"no data", agentPortClosed, ev("VSERPORT_CHANGE", ``), agentPortClosed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := &VM{}
+			v.agentPort.Store(tt.before)
+			v.agentPortEvent(tt.ev)
+			if got := v.agentPort.Load(); got != tt.want {
+				t.Errorf("state = %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestWatchAgentPort(t *testing.T) {
+	tests := []struct {
+		name     string
+		chardevs string // query-chardev's answer
+		wantOpen bool   // before any event
+	}{
+		{"closed", `[{"frontend-open": true, "filename": "unix:/q", "label": "qmp"}, {"frontend-open": false, "filename": "unix:/a", "label": "agent"}]`, false},
+		{"already open", `[{"frontend-open": true, "filename": "unix:/a", "label": "agent"}]`, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, p := connect(t)
+			f := newFakeAgent(t, func(fakeRequest) string { return `{"return": {}}` })
+			v := &VM{qmp: c}
+			v.agent = NewAgent(f.path, v.agentOpen)
+			defer v.agent.Close()
+			go func() {
+				r := p.recv()
+				if r.Execute != "query-chardev" {
+					t.Errorf("command = %q, want query-chardev", r.Execute)
+				}
+				p.send(`{"return": %s, "id": %s}`, tt.chardevs, r.ID)
+			}()
+			ctx := testCtx(t, 10*time.Second)
+			if err := v.watchAgentPort(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// ready polls until the client sees the port in state open.
+			ready := func(open bool) {
+				t.Helper()
+				for v.agentOpen() != open {
+					if ctx.Err() != nil {
+						t.Fatalf("port open = %v, want %v", !open, open)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				err := v.Agent().Ping(ctx)
+				if open && err != nil {
+					t.Errorf("Ping with the port open: %v", err)
+				}
+				if !open && !errors.Is(err, ErrNoAgent) {
+					t.Errorf("Ping with the port closed: %v, want ErrNoAgent", err)
+				}
+			}
+			ready(tt.wantOpen)
+			for _, open := range []bool{!tt.wantOpen, tt.wantOpen, true, false, true} {
+				p.send(`{"event": "VSERPORT_CHANGE", "data": {"open": %t, "id": "%s"}, "timestamp": {"seconds": 1, "microseconds": 0}}`, open, AgentPortID)
+				ready(open)
+			}
+			// Once QMP is gone, nothing can tell: the port counts as closed.
+			p.conn.Close()
+			ready(false)
+		})
 	}
 }
