@@ -47,8 +47,9 @@ type Network struct {
 	cancel context.CancelFunc // stops the responders' Serve
 	wg     sync.WaitGroup     // Serve goroutines
 
-	mu         sync.Mutex // serialises Teardown; guards responders and done
+	mu         sync.Mutex // serialises Teardown; guards responders, fwd and done
 	responders []*Responder
+	fwd        *forwarder // nil when no NIC has a lease or it could not start
 	done       bool
 }
 
@@ -107,8 +108,29 @@ func Setup(ctx context.Context, nsPath string, opts Options) (_ *Network, retErr
 			return nil, err
 		}
 	}
+	n.startForwarder(srvCtx)
 	logger.WithField("nics", len(n.nics)).Debug("pod network wired")
 	return n, nil
+}
+
+// startForwarder makes the netns's loopback reach the first leased NIC's
+// guest, for CRI port-forward. Pod networking works without it, so a
+// failure is only logged.
+func (n *Network) startForwarder(ctx context.Context) {
+	for _, nic := range n.nics {
+		if nic.Lease == nil {
+			continue
+		}
+		f, err := startForwarder(ctx, n.p, nic.Lease.IP, n.logger)
+		if err != nil {
+			n.logger.WithError(err).Warn("port-forward to the guest will not work: cannot steer the netns's loopback to it with BPF sk_lookup")
+			return
+		}
+		n.mu.Lock()
+		n.fwd = f
+		n.mu.Unlock()
+		return
+	}
 }
 
 // wire turns one CNI interface into a NIC: tap, tc both ways, the veth's
@@ -186,6 +208,12 @@ func (n *Network) Teardown(ctx context.Context) error {
 	defer n.mu.Unlock()
 	if n.done {
 		return nil
+	}
+	if n.fwd != nil {
+		if err := n.fwd.Close(); err != nil {
+			n.logger.WithError(err).Debug("stop port-forward")
+		}
+		n.fwd = nil
 	}
 	n.cancel()
 	for _, r := range n.responders {
