@@ -1,0 +1,494 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/cgroups/v3"
+	"github.com/containerd/cgroups/v3/cgroup1"
+	"github.com/containerd/cgroups/v3/cgroup2"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+)
+
+const (
+	// cgroupRoot is where the cgroup hierarchies are mounted.
+	cgroupRoot = "/sys/fs/cgroup"
+	// cgroupDeleteTimeout bounds how long Delete waits for exiting processes to leave.
+	cgroupDeleteTimeout = 2 * time.Second
+	// cgroupDeleteInterval is the pause between removal attempts.
+	cgroupDeleteInterval = 50 * time.Millisecond
+	// systemdTimeout bounds one systemd job (starting or stopping a scope).
+	systemdTimeout = 30 * time.Second
+)
+
+// taskCgroup is the control group a task's process runs in.
+type taskCgroup interface {
+	// Add moves a process, with all its threads, into the cgroup.
+	Add(pid int) error
+	// Update applies limits.
+	Update(r *specs.LinuxResources) error
+	// Stats reports usage as *cgroup1stats.Metrics or *cgroup2stats.Metrics.
+	Stats() (proto.Message, error)
+	// Delete removes the cgroup, waiting briefly for exiting processes to
+	// leave; a cgroup that no longer exists is deleted successfully.
+	Delete() error
+	// Path is the cgroups path the cgroup was made from.
+	Path() string
+}
+
+// newCgroup creates the cgroup named by an OCI cgroupsPath and applies r.
+// Under the systemd driver the scope unit is created by the first Add,
+// because systemd refuses a scope without a process.
+func newCgroup(ctx context.Context, path string, r *specs.LinuxResources) (taskCgroup, error) {
+	return defaultCgroupHost().create(ctx, path, r)
+}
+
+// loadCgroup opens an existing cgroup, for cleanup after a crash.
+func loadCgroup(ctx context.Context, path string) (taskCgroup, error) {
+	return defaultCgroupHost().load(ctx, path)
+}
+
+// cgroupHost is the machine's cgroup setup; tests replace its fields.
+type cgroupHost struct {
+	mode    func() cgroups.CGMode // which cgroup version is in use
+	root    string                // where the hierarchies are mounted
+	systemd func() bool           // whether systemd is the running init system
+	units   systemdUnits          // starts and stops scope units
+}
+
+// defaultCgroupHost describes this machine.
+func defaultCgroupHost() cgroupHost {
+	return cgroupHost{mode: cgroups.Mode, root: cgroupRoot, systemd: systemdRunning, units: dbusUnits{}}
+}
+
+// systemdRunning reports whether systemd is the init system (sd_booted).
+func systemdRunning() bool {
+	_, err := os.Lstat("/run/systemd/system")
+	return err == nil
+}
+
+// cgroupDriver is the way a cgroup is managed.
+type cgroupDriver int
+
+const (
+	cgroupfsV1 cgroupDriver = iota + 1
+	cgroupfsV2
+	systemdV1
+	systemdV2
+)
+
+// v2 reports whether the driver works on the unified hierarchy.
+func (d cgroupDriver) v2() bool { return d == cgroupfsV2 || d == systemdV2 }
+
+// systemd reports whether the driver goes through systemd.
+func (d cgroupDriver) systemd() bool { return d == systemdV1 || d == systemdV2 }
+
+// cgroupPath is a parsed OCI cgroupsPath.
+type cgroupPath struct {
+	raw   string // as given
+	dir   string // directory below each hierarchy's root, starting with "/"
+	slice string // systemd form only: the parent slice
+	unit  string // systemd form only: the scope unit
+}
+
+// parseCgroupPath parses a cgroupfs path or the systemd form slice:prefix:name.
+func parseCgroupPath(raw string) (cgroupPath, error) {
+	if !strings.Contains(raw, ":") {
+		dir := path.Clean("/" + raw)
+		if raw == "" || dir == "/" {
+			return cgroupPath{}, fmt.Errorf("cgroup path %q names no cgroup below the root: %w", raw, errdefs.ErrInvalidArgument)
+		}
+		return cgroupPath{raw: raw, dir: dir}, nil
+	}
+	parts := strings.Split(raw, ":")
+	if len(parts) != 3 || parts[2] == "" {
+		return cgroupPath{}, fmt.Errorf("cgroup path %q: want slice:prefix:name for the systemd cgroup driver: %w", raw, errdefs.ErrInvalidArgument)
+	}
+	slice, prefix, name := parts[0], parts[1], parts[2]
+	sliceDir, err := expandSlice(slice)
+	if err != nil {
+		return cgroupPath{}, fmt.Errorf("cgroup path %q: %w", raw, err)
+	}
+	unit := name + ".scope"
+	if prefix != "" {
+		unit = prefix + "-" + unit
+	}
+	if strings.Contains(unit, "/") {
+		return cgroupPath{}, fmt.Errorf("cgroup path %q: unit name %q contains a slash: %w", raw, unit, errdefs.ErrInvalidArgument)
+	}
+	return cgroupPath{raw: raw, dir: path.Join(sliceDir, unit), slice: slice, unit: unit}, nil
+}
+
+// expandSlice turns a systemd slice name into its cgroup directory:
+// a-b.slice lives at /a.slice/a-b.slice.
+func expandSlice(slice string) (string, error) {
+	const suffix = ".slice"
+	if len(slice) <= len(suffix) || !strings.HasSuffix(slice, suffix) || strings.Contains(slice, "/") {
+		return "", fmt.Errorf("invalid systemd slice %q: %w", slice, errdefs.ErrInvalidArgument)
+	}
+	if slice == "-"+suffix {
+		return "/", nil
+	}
+	var dir, prefix string
+	for _, part := range strings.Split(strings.TrimSuffix(slice, suffix), "-") {
+		if part == "" {
+			return "", fmt.Errorf("invalid systemd slice %q: empty part between dashes: %w", slice, errdefs.ErrInvalidArgument)
+		}
+		dir += "/" + prefix + part + suffix
+		prefix += part + "-"
+	}
+	return dir, nil
+}
+
+// resolve parses raw and picks the driver for it on this host.
+func (h cgroupHost) resolve(raw string) (cgroupPath, cgroupDriver, error) {
+	p, err := parseCgroupPath(raw)
+	if err != nil {
+		return cgroupPath{}, 0, err
+	}
+	var v2 bool
+	switch h.mode() {
+	case cgroups.Unified:
+		v2 = true
+	case cgroups.Legacy, cgroups.Hybrid:
+	default:
+		return cgroupPath{}, 0, fmt.Errorf("cgroup path %s: no cgroup hierarchy is mounted: %w", raw, errdefs.ErrFailedPrecondition)
+	}
+	switch {
+	case p.unit != "" && !h.systemd():
+		return cgroupPath{}, 0, fmt.Errorf("cgroup path %s uses the systemd cgroup driver, but systemd is not running: %w", raw, errdefs.ErrFailedPrecondition)
+	case p.unit != "" && v2:
+		return p, systemdV2, nil
+	case p.unit != "":
+		return p, systemdV1, nil
+	case v2:
+		return p, cgroupfsV2, nil
+	}
+	return p, cgroupfsV1, nil
+}
+
+// create makes the cgroup for raw and applies r.
+func (h cgroupHost) create(ctx context.Context, raw string, r *specs.LinuxResources) (taskCgroup, error) {
+	p, d, err := h.resolve(raw)
+	if err != nil {
+		return nil, err
+	}
+	if r == nil {
+		r = &specs.LinuxResources{}
+	}
+	if d.systemd() {
+		return &scopeCgroup{host: h, p: p, v2: d.v2(), res: r}, nil
+	}
+	cg, err := h.newDirs(p, d.v2(), r)
+	if err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithField("cgroup", raw).Debug("created cgroup")
+	return cg, nil
+}
+
+// load opens the existing cgroup for raw.
+func (h cgroupHost) load(ctx context.Context, raw string) (taskCgroup, error) {
+	p, d, err := h.resolve(raw)
+	if err != nil {
+		return nil, err
+	}
+	cg, err := h.loadDirs(p, d.v2())
+	if err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithField("cgroup", raw).Debug("loaded cgroup")
+	if d.systemd() {
+		return &scopeCgroup{host: h, p: p, v2: d.v2(), inner: cg}, nil
+	}
+	return cg, nil
+}
+
+// newDirs creates the cgroup's directories (mkdir -p) and applies r; on
+// error it removes the directories it made.
+func (h cgroupHost) newDirs(p cgroupPath, v2 bool, r *specs.LinuxResources) (_ taskCgroup, retErr error) {
+	if v2 {
+		created := missingDirs(h.root, p.dir)
+		defer undoDirs(&retErr, created)
+		res := cgroup2.ToResources(r)
+		res.Devices = r.Devices
+		mgr, err := cgroup2.NewManager(h.root, p.dir, res)
+		if err != nil {
+			return nil, cgroupError("create", p.raw, err, errdefs.ErrUnknown)
+		}
+		return &v2Cgroup{path: p.raw, mgr: mgr}, nil
+	}
+	subs, err := h.v1Subsystems()
+	if err != nil {
+		return nil, cgroupError("create", p.raw, err, errdefs.ErrUnknown)
+	}
+	var created []string
+	for _, s := range subs {
+		created = append(created, missingDirs(s.(pather).Path("/"), p.dir)...)
+	}
+	defer undoDirs(&retErr, created)
+	swap := h.v1Swap()
+	cg, err := cgroup1.New(cgroup1.StaticPath(p.dir), withoutSwap(r, swap), cgroup1.WithHierarchy(fixedHierarchy(subs)))
+	if err != nil {
+		return nil, cgroupError("create", p.raw, err, errdefs.ErrUnknown)
+	}
+	return &v1Cgroup{path: p.raw, cg: cg, swap: swap}, nil
+}
+
+// loadDirs opens the cgroup's existing directories.
+func (h cgroupHost) loadDirs(p cgroupPath, v2 bool) (taskCgroup, error) {
+	if v2 {
+		if _, err := os.Stat(filepath.Join(h.root, p.dir)); err != nil {
+			return nil, cgroupError("load", p.raw, err, errdefs.ErrUnknown)
+		}
+		mgr, err := cgroup2.Load(p.dir, cgroup2.WithMountpoint(h.root))
+		if err != nil {
+			return nil, cgroupError("load", p.raw, err, errdefs.ErrUnknown)
+		}
+		return &v2Cgroup{path: p.raw, mgr: mgr}, nil
+	}
+	subs, err := h.v1Subsystems()
+	if err != nil {
+		return nil, cgroupError("load", p.raw, err, errdefs.ErrUnknown)
+	}
+	cg, err := cgroup1.Load(cgroup1.StaticPath(p.dir), cgroup1.WithHierarchy(fixedHierarchy(subs)))
+	if err != nil {
+		return nil, cgroupError("load", p.raw, err, errdefs.ErrUnknown)
+	}
+	return &v1Cgroup{path: p.raw, cg: cg, swap: h.v1Swap()}, nil
+}
+
+// pather is a v1 subsystem with a directory per cgroup.
+type pather interface {
+	Path(path string) string
+}
+
+// v1Subsystems lists the v1 subsystems mounted under the root; missing
+// ones (rdma, hugetlb, net_cls, ...) are left out.
+func (h cgroupHost) v1Subsystems() ([]cgroup1.Subsystem, error) {
+	all := []cgroup1.Subsystem{
+		cgroup1.NewNamed(h.root, "systemd"),
+		cgroup1.NewFreezer(h.root),
+		cgroup1.NewPids(h.root),
+		cgroup1.NewNetCls(h.root),
+		cgroup1.NewNetPrio(h.root),
+		cgroup1.NewPerfEvent(h.root),
+		cgroup1.NewCpuset(h.root),
+		cgroup1.NewCpu(h.root),
+		cgroup1.NewCpuacct(h.root),
+		cgroup1.NewMemory(h.root, cgroup1.OptionalSwap()),
+		cgroup1.NewBlkio(h.root),
+		cgroup1.NewRdma(h.root),
+	}
+	if !cgroups.RunningInUserNS() {
+		all = append(all, cgroup1.NewDevices(h.root))
+	}
+	if hugetlb, err := cgroup1.NewHugetlb(h.root); err == nil {
+		all = append(all, hugetlb)
+	}
+	var mounted []cgroup1.Subsystem
+	for _, s := range all {
+		if _, err := os.Lstat(s.(pather).Path("/")); err == nil {
+			mounted = append(mounted, s)
+		}
+	}
+	if len(mounted) == 0 {
+		return nil, fmt.Errorf("no cgroup v1 hierarchy under %s: %w", h.root, errdefs.ErrFailedPrecondition)
+	}
+	return mounted, nil
+}
+
+// v1Swap reports whether the v1 memory controller accounts swap.
+func (h cgroupHost) v1Swap() bool {
+	_, err := os.Stat(filepath.Join(h.root, string(cgroup1.Memory), "memory.memsw.limit_in_bytes"))
+	return err == nil
+}
+
+// fixedHierarchy hands cgroup1 an already chosen list of subsystems.
+func fixedHierarchy(subs []cgroup1.Subsystem) cgroup1.Hierarchy {
+	return func() ([]cgroup1.Subsystem, error) { return subs, nil }
+}
+
+// withoutSwap drops the swap limit when swap accounting is off (there is
+// no memory.memsw.limit_in_bytes to write it to).
+func withoutSwap(r *specs.LinuxResources, swap bool) *specs.LinuxResources {
+	if r == nil {
+		return &specs.LinuxResources{}
+	}
+	if swap || r.Memory == nil || r.Memory.Swap == nil {
+		return r
+	}
+	rc, mem := *r, *r.Memory
+	mem.Swap = nil
+	rc.Memory = &mem
+	return &rc
+}
+
+// v1Cgroup is a cgroup on the v1 hierarchies.
+type v1Cgroup struct {
+	path string
+	cg   cgroup1.Cgroup
+	swap bool // the memory controller accounts swap
+}
+
+// Add moves pid into every hierarchy.
+func (c *v1Cgroup) Add(pid int) error {
+	if err := c.cg.Add(cgroup1.Process{Pid: pid}); err != nil {
+		return cgroupError(fmt.Sprintf("add pid %d to", pid), c.path, err, errdefs.ErrUnknown)
+	}
+	return nil
+}
+
+// Update applies r.
+func (c *v1Cgroup) Update(r *specs.LinuxResources) error {
+	if err := c.cg.Update(withoutSwap(r, c.swap)); err != nil {
+		return cgroupError("update", c.path, err, errdefs.ErrUnknown)
+	}
+	return nil
+}
+
+// Stats reads the v1 metrics, skipping files this kernel lacks.
+func (c *v1Cgroup) Stats() (proto.Message, error) {
+	m, err := c.cg.Stat(cgroup1.IgnoreNotExist)
+	if err != nil {
+		return nil, cgroupError("read stats of", c.path, err, errdefs.ErrUnknown)
+	}
+	return m, nil
+}
+
+// Delete removes the cgroup from every hierarchy.
+func (c *v1Cgroup) Delete() error {
+	return removeWithin(c.path, func() error {
+		if err := c.cg.Delete(); err != nil && !errors.Is(err, cgroup1.ErrCgroupDeleted) {
+			return err
+		}
+		return nil
+	})
+}
+
+// Path returns the cgroups path the cgroup was made from.
+func (c *v1Cgroup) Path() string { return c.path }
+
+// v2Cgroup is a cgroup on the unified hierarchy.
+type v2Cgroup struct {
+	path string
+	mgr  *cgroup2.Manager
+}
+
+// Add moves pid into the cgroup.
+func (c *v2Cgroup) Add(pid int) error {
+	if pid <= 0 {
+		return fmt.Errorf("add pid %d to cgroup %s: %w", pid, c.path, errdefs.ErrInvalidArgument)
+	}
+	if err := c.mgr.AddProc(uint64(pid)); err != nil {
+		return cgroupError(fmt.Sprintf("add pid %d to", pid), c.path, err, errdefs.ErrUnknown)
+	}
+	return nil
+}
+
+// Update applies r.
+func (c *v2Cgroup) Update(r *specs.LinuxResources) error {
+	if r == nil {
+		return nil
+	}
+	res := cgroup2.ToResources(r)
+	res.Devices = r.Devices
+	if err := c.mgr.Update(res); err != nil {
+		return cgroupError("update", c.path, err, errdefs.ErrUnknown)
+	}
+	return nil
+}
+
+// Stats reads the v2 metrics.
+func (c *v2Cgroup) Stats() (proto.Message, error) {
+	m, err := c.mgr.Stat()
+	if err != nil {
+		return nil, cgroupError("read stats of", c.path, err, errdefs.ErrUnknown)
+	}
+	return m, nil
+}
+
+// Delete removes the cgroup's directory.
+func (c *v2Cgroup) Delete() error {
+	return removeWithin(c.path, c.mgr.Delete)
+}
+
+// Path returns the cgroups path the cgroup was made from.
+func (c *v2Cgroup) Path() string { return c.path }
+
+// removeWithin retries remove until it succeeds or cgroupDeleteTimeout
+// passes, so processes that are exiting can leave first.
+func removeWithin(path string, remove func() error) error {
+	deadline := time.Now().Add(cgroupDeleteTimeout)
+	for {
+		err := remove()
+		if err == nil || errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return cgroupError("delete", path, err, errdefs.ErrFailedPrecondition)
+		}
+		time.Sleep(cgroupDeleteInterval)
+	}
+}
+
+// missingDirs lists the directories from root down to root+dir that do
+// not exist yet, shallowest first.
+func missingDirs(root, dir string) []string {
+	var missing []string
+	cur := root
+	for _, part := range strings.Split(strings.Trim(dir, "/"), "/") {
+		cur = filepath.Join(cur, part)
+		if len(missing) == 0 {
+			if _, err := os.Lstat(cur); err == nil {
+				continue
+			}
+		}
+		missing = append(missing, cur)
+	}
+	return missing
+}
+
+// undoDirs removes dirs, deepest first, when *retErr is set.
+func undoDirs(retErr *error, dirs []string) {
+	if *retErr == nil {
+		return
+	}
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := os.RemoveAll(dirs[i]); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ENOTDIR) {
+			*retErr = errors.Join(*retErr, fmt.Errorf("remove %s: %w", dirs[i], err))
+		}
+	}
+}
+
+// cgroupError wraps err from op on the cgroup at path with the errdefs
+// class that fits it, or fallback.
+func cgroupError(op, path string, err, fallback error) error {
+	if errdefs.Resolve(err) != errdefs.ErrUnknown {
+		return fmt.Errorf("%s cgroup %s: %w", op, path, err)
+	}
+	class := fallback
+	switch {
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, cgroup1.ErrCgroupDeleted):
+		class = errdefs.ErrNotFound
+	case errors.Is(err, fs.ErrPermission):
+		class = errdefs.ErrPermissionDenied
+	case errors.Is(err, unix.EINVAL), errors.Is(err, cgroup1.ErrInvalidPid), errors.Is(err, cgroup2.ErrInvalidGroupPath):
+		class = errdefs.ErrInvalidArgument
+	}
+	if class == errdefs.ErrUnknown {
+		return fmt.Errorf("%s cgroup %s: %w", op, path, err)
+	}
+	return fmt.Errorf("%s cgroup %s: %w: %w", op, path, class, err)
+}
