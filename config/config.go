@@ -54,28 +54,32 @@ type Config struct {
 	DefaultMemory string `toml:"default_memory"` // guest RAM (Kubernetes quantity) when neither an annotation nor a memory limit says
 	MaxVCPUs      int    `toml:"max_vcpus"`      // upper bound for the vCPU count from any source
 	MaxMemory     string `toml:"max_memory"`     // upper bound for guest RAM from any source
-	MaxDiskSize   string `toml:"max_disk_size"`  // largest virtual size of an image disk or grown root disk
-	DiskDriver    string `toml:"disk_driver"`    // virtio-blk, virtio-scsi or nvme
-	KernelCmdline string `toml:"kernel_cmdline"` // base command line for direct kernel boot
-	Sandbox       bool   `toml:"sandbox"`        // run QEMU with -sandbox on
-	BootTimeout   string `toml:"boot_timeout"`   // Go duration from QEMU start to QMP ready
+	// MemoryOverhead is what QEMU itself may use beyond guest RAM: the
+	// VM's cgroup memory limit is guest RAM plus this.
+	MemoryOverhead string `toml:"memory_overhead"`
+	MaxDiskSize    string `toml:"max_disk_size"`  // largest virtual size of an image disk or grown root disk
+	DiskDriver     string `toml:"disk_driver"`    // virtio-blk, virtio-scsi or nvme
+	KernelCmdline  string `toml:"kernel_cmdline"` // base command line for direct kernel boot
+	Sandbox        bool   `toml:"sandbox"`        // run QEMU with -sandbox on
+	BootTimeout    string `toml:"boot_timeout"`   // Go duration from QEMU start to QMP ready
 }
 
 // Default returns the built-in configuration.
 func Default() Config {
 	return Config{
-		QEMUBinary:    "qemu-system-x86_64",
-		QEMUImg:       "qemu-img",
-		Accel:         AccelAuto,
-		DefaultVCPUs:  1,
-		DefaultMemory: "512Mi",
-		MaxVCPUs:      16,
-		MaxMemory:     "16Gi",
-		MaxDiskSize:   "256Gi",
-		DiskDriver:    DiskDriverVirtioBlk,
-		KernelCmdline: "console=ttyS0",
-		Sandbox:       true,
-		BootTimeout:   "60s",
+		QEMUBinary:     "qemu-system-x86_64",
+		QEMUImg:        "qemu-img",
+		Accel:          AccelAuto,
+		DefaultVCPUs:   1,
+		DefaultMemory:  "512Mi",
+		MaxVCPUs:       16,
+		MaxMemory:      "16Gi",
+		MemoryOverhead: "192Mi",
+		MaxDiskSize:    "256Gi",
+		DiskDriver:     DiskDriverVirtioBlk,
+		KernelCmdline:  "console=ttyS0",
+		Sandbox:        true,
+		BootTimeout:    "60s",
 	}
 }
 
@@ -184,6 +188,9 @@ func (c Config) validate() error {
 			add("default_memory", "%q is not in 64Mi..%s (max_memory)", c.DefaultMemory, c.MaxMemory)
 		}
 	}
+	if _, err := parseBytes(c.MemoryOverhead); err != nil {
+		add("memory_overhead", "%v", err)
+	}
 	if size, err := parseBytes(c.MaxDiskSize); err != nil {
 		add("max_disk_size", "%v", err)
 	} else if size == 0 {
@@ -206,6 +213,9 @@ func (c Config) validate() error {
 	sort.Strings(problems)
 	return invalidf("%s", strings.Join(problems, "; "))
 }
+
+// MemoryOverheadBytes returns the validated memory_overhead.
+func (c Config) MemoryOverheadBytes() int64 { return mustBytes(c.MemoryOverhead) }
 
 // bootTimeout returns the validated boot_timeout.
 func (c Config) bootTimeout() time.Duration {

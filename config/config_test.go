@@ -26,7 +26,7 @@ func TestDefaultIsValid(t *testing.T) {
 	}
 	want := Config{
 		QEMUBinary: "qemu-system-x86_64", QEMUImg: "qemu-img", Accel: "auto",
-		DefaultVCPUs: 1, DefaultMemory: "512Mi", MaxVCPUs: 16, MaxMemory: "16Gi",
+		DefaultVCPUs: 1, DefaultMemory: "512Mi", MaxVCPUs: 16, MaxMemory: "16Gi", MemoryOverhead: "192Mi",
 		MaxDiskSize: "256Gi", DiskDriver: "virtio-blk", KernelCmdline: "console=ttyS0",
 		Sandbox: true, BootTimeout: "60s",
 	}
@@ -52,6 +52,7 @@ default_vcpus = 2
 default_memory = "1Gi"
 max_vcpus = 4
 max_memory = "2Gi"
+memory_overhead = "256Mi"
 max_disk_size = "20Gi"
 disk_driver = "nvme"
 kernel_cmdline = "console=ttyS0 quiet"
@@ -61,13 +62,14 @@ boot_timeout = "2m"
 			want: func(c *Config) {
 				*c = Config{
 					QEMUBinary: "/usr/bin/qemu-system-x86_64", QEMUImg: "/usr/bin/qemu-img", Accel: "tcg",
-					DefaultVCPUs: 2, DefaultMemory: "1Gi", MaxVCPUs: 4, MaxMemory: "2Gi",
+					DefaultVCPUs: 2, DefaultMemory: "1Gi", MaxVCPUs: 4, MaxMemory: "2Gi", MemoryOverhead: "256Mi",
 					MaxDiskSize: "20Gi", DiskDriver: "nvme", KernelCmdline: "console=ttyS0 quiet",
 					Sandbox: false, BootTimeout: "2m",
 				}
 			},
 		},
 		{name: "partial override keeps defaults", body: "accel = \"kvm\"\n", want: func(c *Config) { c.Accel = "kvm" }},
+		{name: "bad memory overhead", body: "memory_overhead = \"lots\"\n", wantErr: `memory_overhead: `},
 		{name: "unknown key", body: "accel = \"tcg\"\nfoo = 1\n", wantErr: `unknown key "foo"`},
 		{name: "unknown keys", body: "foo = 1\nbar = 2\n", wantErr: `unknown keys "bar", "foo"`},
 		{name: "unknown table", body: "[extra]\nx = 1\n", wantErr: `unknown key "extra"`},

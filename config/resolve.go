@@ -94,14 +94,21 @@ func resolveVCPUs(cfg Config, ann annotations, spec *specs.Spec) (int, error) {
 
 // resolveMemory picks the annotation, else the memory limit, else the default, in bytes.
 func resolveMemory(cfg Config, ann annotations, spec *specs.Spec) (int64, error) {
+	var limit int64
+	if spec.Linux != nil && spec.Linux.Resources != nil && spec.Linux.Resources.Memory != nil &&
+		spec.Linux.Resources.Memory.Limit != nil {
+		limit = *spec.Linux.Resources.Memory.Limit
+	}
 	if ann.memoryBytes > 0 {
+		if limit > 0 && ann.memoryBytes > limit {
+			return 0, annotationErr(AnnotationMemory, "%d bytes is more than the container's memory limit (%d bytes)", ann.memoryBytes, limit)
+		}
 		return ann.memoryBytes, nil
 	}
 	if spec.Linux == nil || spec.Linux.Resources == nil || spec.Linux.Resources.Memory == nil ||
 		spec.Linux.Resources.Memory.Limit == nil || *spec.Linux.Resources.Memory.Limit <= 0 {
 		return mustBytes(cfg.DefaultMemory), nil
 	}
-	limit := *spec.Linux.Resources.Memory.Limit
 	if limit < MinMemory {
 		return 0, invalidf("spec linux.resources.memory.limit: %d bytes is less than 64Mi", limit)
 	}

@@ -116,6 +116,8 @@ func TestResolve(t *testing.T) {
 		{name: "memory limit small", spec: newSpec(withMemory(32 << 20)), wantErr: "spec linux.resources.memory.limit: 33554432 bytes is less than 64Mi"},
 		{name: "memory limit above max", spec: newSpec(withMemory(32 << 30)), wantErr: "spec linux.resources.memory.limit: 34359738368 bytes is more than 16Gi (max_memory)"},
 		{name: "annotation beats memory limit", spec: newSpec(withMemory(32<<30), withAnn(AnnotationMemory, "256Mi")), want: func(v *VM) { v.MemoryMiB = 256 }},
+		{name: "annotation above memory limit", spec: newSpec(withMemory(256<<20), withAnn(AnnotationMemory, "512Mi")),
+			wantErr: "annotation vmshim.io/memory: 536870912 bytes is more than the container's memory limit (268435456 bytes)"},
 		{name: "spec limits beat config defaults", cfg: func(c *Config) { c.DefaultVCPUs, c.DefaultMemory = 4, "4Gi" },
 			spec: newSpec(withCPU(100000, 100000), withMemory(128<<20)), want: func(v *VM) { v.VCPUs, v.MemoryMiB = 1, 128 }},
 

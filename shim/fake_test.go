@@ -15,10 +15,13 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/containerd/v2/pkg/shutdown"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 )
 
 // waitTimeout bounds every wait in these tests; nothing should come close.
@@ -45,6 +48,11 @@ type fakeVM struct {
 	killKeepsRunning bool
 	// pidGate, when set, makes the next Pid call wait until it is closed.
 	pidGate chan struct{}
+	// agent is the guest agent (nil: none); stats what Stats returns;
+	// updates what Update was given.
+	agent   GuestAgent
+	stats   proto.Message
+	updates []*specs.LinuxResources
 }
 
 func newFakeVM(pid int) *fakeVM {
@@ -109,6 +117,29 @@ func (v *fakeVM) Resume(context.Context) error {
 }
 
 func (v *fakeVM) Done() <-chan struct{} { return v.done }
+
+func (v *fakeVM) GuestAgent() GuestAgent {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.agent
+}
+
+func (v *fakeVM) Stats(context.Context) (proto.Message, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.stats == nil {
+		return nil, fmt.Errorf("no cgroup: %w", errdefs.ErrNotFound)
+	}
+	return v.stats, nil
+}
+
+func (v *fakeVM) Update(_ context.Context, r *specs.LinuxResources) error {
+	v.record("update")
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.updates = append(v.updates, r)
+	return nil
+}
 
 func (v *fakeVM) ExitStatus() (int, time.Time) {
 	v.mu.Lock()

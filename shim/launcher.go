@@ -116,8 +116,11 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		CPUs:      desc.VCPUs,
 		MemoryMiB: desc.MemoryMiB,
 		QMPSocket: filepath.Join(rec.RuntimeDir, "qmp.sock"),
-		Sandbox:   cfg.Sandbox,
-		Paused:    true,
+		// Exec runs through qemu-guest-agent; a guest without one
+		// simply never opens the port.
+		AgentSocket: filepath.Join(rec.RuntimeDir, "agent.sock"),
+		Sandbox:     cfg.Sandbox,
+		Paused:      true,
 	}
 	if boot.Disk != "" {
 		drive, err := rootDrive(ctx, cfg, desc, boot, rec, rootfs)
@@ -173,6 +176,11 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		}
 	}
 
+	limits := &cgroupLimits{guest: int64(desc.MemoryMiB) << 20, overhead: cfg.MemoryOverheadBytes(), memLimit: specMemoryLimit(spec)}
+	if err := limits.create(ctx, spec, rec); err != nil {
+		return nil, err
+	}
+
 	bootCtx, cancel := context.WithTimeout(ctx, desc.BootTimeout)
 	defer cancel()
 	stderr := logger.WriterLevel(logrus.WarnLevel)
@@ -185,14 +193,19 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 	}
 	rec.Pid = vm.Pid()
 	rec.PidStart, _ = processStart(vm.Pid())
-	if err := rec.save(); err != nil {
+	if err = rec.save(); err == nil {
+		// QEMU joins the cgroup before its vCPUs run, so guest RAM is
+		// charged there from the first page.
+		err = limits.add(vm.Pid())
+	}
+	if err != nil {
 		_ = vm.Kill()
 		<-vm.Done()
 		stderr.Close()
 		return nil, err
 	}
 	logger.WithFields(log.Fields{"pid": vm.Pid(), "accel": qs.Accel, "nics": len(qs.NICs)}).Info("vm created")
-	return &qemuVM{VM: vm, console: shimEnd, rec: rec, stderr: stderr, network: netw, onRelease: release}, nil
+	return &qemuVM{VM: vm, cgroupLimits: limits, console: shimEnd, rec: rec, stderr: stderr, network: netw, onRelease: release}, nil
 }
 
 // accel picks the accelerator for a mode once per shim process.
@@ -240,7 +253,7 @@ func rootDrive(ctx context.Context, cfg config.Config, desc *config.VM, boot *im
 // pod netns it joined.
 func (l *qemuLauncher) launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec) (VM, error) {
 	nsPath, _ := podNetwork(spec)
-	s, err := launchSandbox(r, nsPath)
+	s, err := launchSandbox(ctx, r, spec, nsPath)
 	if err != nil {
 		return nil, err
 	}
@@ -381,6 +394,7 @@ func hostname(spec *specs.Spec) string {
 // qemuVM is a QEMU VM with the host resources recorded for it.
 type qemuVM struct {
 	*qemu.VM
+	*cgroupLimits
 	console net.Conn
 	rec     *record
 	stderr  io.Closer
@@ -391,6 +405,14 @@ type qemuVM struct {
 
 // Console returns the shim's end of the guest's serial port.
 func (v *qemuVM) Console() io.ReadWriteCloser { return v.console }
+
+// GuestAgent returns the channel to the guest's agent.
+func (v *qemuVM) GuestAgent() GuestAgent {
+	if a := v.Agent(); a != nil {
+		return a
+	}
+	return nil
+}
 
 // Release frees what the VM held once QEMU has exited.
 func (v *qemuVM) Release(ctx context.Context) {

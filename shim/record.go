@@ -32,6 +32,7 @@ type record struct {
 	Overlay    string `json:"overlay,omitempty"`     // qcow2 overlay in the writable layer
 	Pid        int    `json:"pid,omitempty"`         // the task's process: QEMU, or a sandbox's pause process
 	PidStart   uint64 `json:"pid_start,omitempty"`   // its start time in clock ticks, guards against pid reuse
+	Cgroup     string `json:"cgroup,omitempty"`      // the cgroup the task's process runs in (OCI cgroupsPath)
 
 	Network *network.State `json:"network,omitempty"` // what the pod netns looked like before it was wired
 }
@@ -74,6 +75,11 @@ func (r *record) release(ctx context.Context) {
 	if r.Pid > 0 {
 		if err := killProcess(ctx, r.Pid, r.PidStart); err != nil {
 			logger.WithError(err).WithField("pid", r.Pid).Warn("stop task process")
+		}
+	}
+	if r.Cgroup != "" {
+		if err := removeCgroup(ctx, r.Cgroup); err != nil {
+			logger.WithError(err).WithField("cgroup", r.Cgroup).Warn("remove cgroup")
 		}
 	}
 	if r.Network != nil {

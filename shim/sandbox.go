@@ -57,7 +57,8 @@ func RunPause(args []string) int {
 // process in the pod's network namespace, which CRI points the pod's
 // containers at. The namespace itself belongs to the CRI.
 type sandboxVM struct {
-	cmd      *exec.Cmd
+	cmd *exec.Cmd
+	*cgroupLimits
 	rec      *record
 	console  net.Conn // the shim's end of a console that stays silent
 	guestEnd net.Conn
@@ -70,12 +71,21 @@ type sandboxVM struct {
 
 // launchSandbox starts the pause process of a pod sandbox in the network
 // namespace at nsPath ("" for the host's).
-func launchSandbox(r *CreateRequest, nsPath string) (*sandboxVM, error) {
+func launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec, nsPath string) (_ *sandboxVM, retErr error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	rec := &record{ID: r.ID, Bundle: r.Bundle}
+	defer func() {
+		if retErr != nil {
+			rec.release(ctx)
+		}
+	}()
+	limits := &cgroupLimits{}
+	if err := limits.create(ctx, spec, rec); err != nil {
+		return nil, err
+	}
 	cmd := &exec.Cmd{Path: self, Args: []string{PauseName, nsPath}, Dir: "/"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -83,13 +93,16 @@ func launchSandbox(r *CreateRequest, nsPath string) (*sandboxVM, error) {
 	}
 	rec.Pid = cmd.Process.Pid
 	rec.PidStart, _ = processStart(rec.Pid)
-	if err := rec.save(); err != nil {
+	if err = rec.save(); err == nil {
+		err = limits.add(rec.Pid)
+	}
+	if err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		return nil, err
 	}
 	shimEnd, guestEnd := net.Pipe()
-	s := &sandboxVM{cmd: cmd, rec: rec, console: shimEnd, guestEnd: guestEnd, done: make(chan struct{})}
+	s := &sandboxVM{cmd: cmd, cgroupLimits: limits, rec: rec, console: shimEnd, guestEnd: guestEnd, done: make(chan struct{})}
 	go s.wait()
 	return s, nil
 }
@@ -143,6 +156,9 @@ func (s *sandboxVM) Kill() error {
 // Pause and Resume have nothing to freeze.
 func (s *sandboxVM) Pause(context.Context) error  { return nil }
 func (s *sandboxVM) Resume(context.Context) error { return nil }
+
+// GuestAgent is nil: a sandbox runs no guest.
+func (s *sandboxVM) GuestAgent() GuestAgent { return nil }
 
 // Done is closed once the pause process has exited.
 func (s *sandboxVM) Done() <-chan struct{} { return s.done }

@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
+	"github.com/containerd/typeurl/v2"
 	"google.golang.org/protobuf/types/known/emptypb"
 )
 
@@ -108,11 +110,19 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	return &taskAPI.CreateTaskResponse{Pid: uint32(vm.Pid())}, nil
 }
 
-// Start runs the VM.
+// Start runs the VM, or an exec's program in the guest.
 func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
-	t, err := s.get(r.ID, r.ExecID)
+	t, e, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
+	}
+	if e != nil {
+		pid, err := e.start(ctx)
+		if err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
+		s.send(&eventstypes.TaskExecStarted{ContainerID: t.id, ExecID: e.id, Pid: uint32(pid)})
+		return &taskAPI.StartResponse{Pid: uint32(pid)}, nil
 	}
 	if err := t.start(ctx); err != nil {
 		return nil, errgrpc.ToGRPC(err)
@@ -121,11 +131,18 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	return &taskAPI.StartResponse{Pid: uint32(t.vm.Pid())}, nil
 }
 
-// Delete releases a stopped task.
+// Delete releases a stopped task or exec.
 func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
-	t, err := s.get(r.ID, r.ExecID)
+	t, e, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
+	}
+	if e != nil {
+		if err := t.deleteExec(e); err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
+		_, pid, code, at := e.snapshot()
+		return &taskAPI.DeleteResponse{Pid: uint32(pid), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at)}, nil
 	}
 	if err := t.delete(ctx); err != nil {
 		return nil, errgrpc.ToGRPC(err)
@@ -140,11 +157,19 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	return &taskAPI.DeleteResponse{Pid: uint32(t.vm.Pid()), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at)}, nil
 }
 
-// State reports the task's status.
+// State reports the task's or exec's status.
 func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
-	t, err := s.get(r.ID, r.ExecID)
+	t, e, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
+	}
+	if e != nil {
+		st, pid, code, at := e.snapshot()
+		return &taskAPI.StateResponse{
+			ID: e.id, ExecID: e.id, Bundle: t.bundle, Pid: uint32(pid), Status: st.status(),
+			Stdin: e.stdio.stdin, Stdout: e.stdio.stdout, Stderr: e.stdio.stderr,
+			ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at),
+		}, nil
 	}
 	st, code, at := t.snapshot()
 	return &taskAPI.StateResponse{
@@ -154,23 +179,36 @@ func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.
 	}, nil
 }
 
-// Kill delivers a signal to the VM (see task.kill).
+// Kill delivers a signal to the VM (see task.kill) or to an exec's
+// program in the guest.
 func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptypb.Empty, error) {
-	t, err := s.get(r.ID, r.ExecID)
+	t, e, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
 	}
-	if err := t.kill(ctx, r.Signal); err != nil {
+	if e != nil {
+		err = e.kill(ctx, r.Signal)
+	} else {
+		err = t.kill(ctx, r.Signal)
+	}
+	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
 	return &emptypb.Empty{}, nil
 }
 
-// Wait blocks until the task exits.
+// Wait blocks until the task or exec exits.
 func (s *service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.WaitResponse, error) {
-	t, err := s.get(r.ID, r.ExecID)
+	t, e, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
+	}
+	if e != nil {
+		if err := e.wait(ctx); err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
+		_, _, code, at := e.snapshot()
+		return &taskAPI.WaitResponse{ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at)}, nil
 	}
 	if err := t.wait(ctx); err != nil {
 		return nil, errgrpc.ToGRPC(err)
@@ -181,7 +219,7 @@ func (s *service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.Wa
 
 // Pids lists the QEMU process.
 func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.PidsResponse, error) {
-	t, err := s.get(r.ID, "")
+	t, _, err := s.get(r.ID, "")
 	if err != nil {
 		return nil, err
 	}
@@ -190,7 +228,7 @@ func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.Pi
 
 // Pause stops the VM's vCPUs.
 func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*emptypb.Empty, error) {
-	t, err := s.get(r.ID, "")
+	t, _, err := s.get(r.ID, "")
 	if err != nil {
 		return nil, err
 	}
@@ -203,7 +241,7 @@ func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*emptypb.
 
 // Resume restarts the VM's vCPUs.
 func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*emptypb.Empty, error) {
-	t, err := s.get(r.ID, "")
+	t, _, err := s.get(r.ID, "")
 	if err != nil {
 		return nil, err
 	}
@@ -214,13 +252,14 @@ func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*emptyp
 	return &emptypb.Empty{}, nil
 }
 
-// CloseIO stops forwarding stdin to the guest console.
+// CloseIO stops forwarding stdin to the guest console. An exec's stdin
+// ends when containerd closes its fifo, so there is nothing to do for one.
 func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*emptypb.Empty, error) {
-	t, err := s.get(r.ID, r.ExecID)
+	t, e, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
 	}
-	if r.Stdin {
+	if e == nil && r.Stdin {
 		t.cons.closeStdin()
 	}
 	return &emptypb.Empty{}, nil
@@ -229,15 +268,24 @@ func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*empt
 // ResizePty is accepted and ignored: the guest's serial console has no
 // window size to set.
 func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*emptypb.Empty, error) {
-	if _, err := s.get(r.ID, r.ExecID); err != nil {
+	if _, _, err := s.get(r.ID, r.ExecID); err != nil {
 		return nil, err
 	}
 	return &emptypb.Empty{}, nil
 }
 
-// Exec is not available yet for VM tasks.
+// Exec adds a program to run in the guest through its agent.
 func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*emptypb.Empty, error) {
-	return nil, errgrpc.ToGRPCf(errdefs.ErrNotImplemented, "exec is not supported by VM tasks")
+	t, _, err := s.get(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	io := stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal}
+	if _, err := t.addExec(s.ctx, r.ExecID, r.Spec.GetValue(), io, s.execExited); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	s.send(&eventstypes.TaskExecAdded{ContainerID: t.id, ExecID: r.ExecID})
+	return &emptypb.Empty{}, nil
 }
 
 // Checkpoint is not supported for VM tasks.
@@ -245,20 +293,39 @@ func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	return nil, errgrpc.ToGRPCf(errdefs.ErrNotImplemented, "checkpoint is not supported by VM tasks")
 }
 
-// Update is not supported for VM tasks yet.
+// Update applies new resource limits to a VM (see task.update).
 func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*emptypb.Empty, error) {
-	return nil, errgrpc.ToGRPCf(errdefs.ErrNotImplemented, "update is not supported by VM tasks")
+	t, _, err := s.get(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	if err := t.update(ctx, r.Resources); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &emptypb.Empty{}, nil
 }
 
-// Stats is not supported for VM tasks yet.
+// Stats reports the VM's cgroup usage.
 func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
-	return nil, errgrpc.ToGRPCf(errdefs.ErrNotImplemented, "stats are not supported by VM tasks")
+	t, _, err := s.get(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	m, err := t.vm.Stats(ctx)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	a, err := typeurl.MarshalAnyToProto(m)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("marshal stats of %s: %w", t.id, err))
+	}
+	return &taskAPI.StatsResponse{Stats: a}, nil
 }
 
 // Connect returns the shim's and the VM's pids.
 func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
 	resp := &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid())}
-	if t, err := s.get(r.ID, ""); err == nil {
+	if t, _, err := s.get(r.ID, ""); err == nil {
 		resp.TaskPid = uint32(t.vm.Pid())
 	}
 	return resp, nil
@@ -275,18 +342,31 @@ func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*em
 	return &emptypb.Empty{}, nil
 }
 
-// get finds a task; exec ids are refused until exec exists.
-func (s *service) get(id, execID string) (*task, error) {
-	if execID != "" {
-		return nil, errgrpc.ToGRPCf(errdefs.ErrNotFound, "exec %s in task %s", execID, id)
-	}
+// get finds a task and, for a non-empty execID, one of its execs; errors
+// are already mapped for the RPC.
+func (s *service) get(id, execID string) (*task, *execProcess, error) {
 	s.mu.Lock()
 	t := s.tasks[id]
 	s.mu.Unlock()
 	if t == nil {
-		return nil, errgrpc.ToGRPCf(errdefs.ErrNotFound, "task %s", id)
+		return nil, nil, errgrpc.ToGRPCf(errdefs.ErrNotFound, "task %s", id)
 	}
-	return t, nil
+	if execID == "" {
+		return t, nil, nil
+	}
+	e, err := t.exec(execID)
+	if err != nil {
+		return nil, nil, errgrpc.ToGRPC(err)
+	}
+	return t, e, nil
+}
+
+// execExited publishes an exec's exit.
+func (s *service) execExited(e *execProcess) {
+	_, pid, code, at := e.snapshot()
+	s.send(&eventstypes.TaskExit{
+		ContainerID: e.taskID, ID: e.id, Pid: uint32(pid), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at),
+	})
 }
 
 // exited publishes a task's exit.

@@ -362,10 +362,7 @@ func TestServiceNotImplemented(t *testing.T) {
 	ctx := context.Background()
 	running(t, s, p, "vm1")
 	for name, call := range map[string]func() error{
-		"exec":       func() error { _, err := s.Exec(ctx, &taskAPI.ExecProcessRequest{ID: "vm1", ExecID: "e"}); return err },
 		"checkpoint": func() error { _, err := s.Checkpoint(ctx, &taskAPI.CheckpointTaskRequest{ID: "vm1"}); return err },
-		"update":     func() error { _, err := s.Update(ctx, &taskAPI.UpdateTaskRequest{ID: "vm1"}); return err },
-		"stats":      func() error { _, err := s.Stats(ctx, &taskAPI.StatsRequest{ID: "vm1"}); return err },
 	} {
 		if err := call(); status.Code(err) != codes.Unimplemented || !errdefs.IsNotImplemented(errgrpc.ToNative(err)) {
 			t.Errorf("%s: %v; want Unimplemented", name, err)

@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"syscall"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
 
@@ -30,10 +33,11 @@ type task struct {
 	vm     VM
 	cons   *console
 
-	mu       sync.Mutex // guards st, exitCode and exitedAt; the only writer of st is transition
+	mu       sync.Mutex // guards st, exitCode, exitedAt and execs; the only writer of st is transition
 	st       state
 	exitCode int
 	exitedAt time.Time
+	execs    map[string]*execProcess
 	exited   chan struct{} // closed when the task is stopped and its exit published
 }
 
@@ -43,6 +47,7 @@ func newTask(ctx context.Context, id, bundle string, io stdio, vm VM, onExit fun
 	t := &task{
 		id: id, bundle: bundle, stdio: io, vm: vm,
 		cons:   newConsole(ctx, vm.Console(), io),
+		execs:  make(map[string]*execProcess),
 		exited: make(chan struct{}),
 	}
 	go t.monitor(ctx, onExit)
@@ -73,7 +78,14 @@ func (t *task) monitor(ctx context.Context, onExit func(*task)) {
 		log.G(ctx).WithError(err).Error("record exit")
 	}
 	t.exitCode, t.exitedAt = code, at
+	execs := make([]*execProcess, 0, len(t.execs))
+	for _, e := range t.execs {
+		execs = append(execs, e)
+	}
 	t.mu.Unlock()
+	for _, e := range execs {
+		go e.vmGone()
+	}
 	onExit(t)
 	// Only now may Wait and Delete return: TaskExit is queued before
 	// TaskDelete, and before a shutdown closes the event queue.
@@ -191,4 +203,66 @@ func (t *task) snapshot() (state, int, time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.st, t.exitCode, t.exitedAt
+}
+
+// addExec registers a program to run in the guest of a running task.
+func (t *task) addExec(ctx context.Context, id string, spec []byte, io stdio, onExit func(*execProcess)) (*execProcess, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.st != stateRunning {
+		return nil, fmt.Errorf("task %s is %s, exec needs a running VM: %w", t.id, t.st, errdefs.ErrFailedPrecondition)
+	}
+	if _, ok := t.execs[id]; ok {
+		return nil, fmt.Errorf("exec %s in task %s: %w", id, t.id, errdefs.ErrAlreadyExists)
+	}
+	e, err := newExec(ctx, t.id, id, spec, io, t.vm.GuestAgent(), onExit)
+	if err != nil {
+		return nil, err
+	}
+	t.execs[id] = e
+	return e, nil
+}
+
+// exec finds one of the task's execs.
+func (t *task) exec(id string) (*execProcess, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.execs[id]
+	if !ok {
+		return nil, fmt.Errorf("exec %s in task %s: %w", id, t.id, errdefs.ErrNotFound)
+	}
+	return e, nil
+}
+
+// deleteExec forgets a stopped exec.
+func (t *task) deleteExec(e *execProcess) error {
+	if err := e.delete(); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	delete(t.execs, e.id)
+	t.mu.Unlock()
+	return nil
+}
+
+// update applies new resource limits (a LinuxResources in JSON, as
+// containerd sends it) to the VM.
+func (t *task) update(ctx context.Context, resources typeurl.Any) error {
+	if resources == nil || len(resources.GetValue()) == 0 {
+		return fmt.Errorf("update task %s: no resources given: %w", t.id, errdefs.ErrInvalidArgument)
+	}
+	var r specs.LinuxResources
+	if err := json.Unmarshal(resources.GetValue(), &r); err != nil {
+		return fmt.Errorf("update task %s: resources: %w", t.id, errdefs.ErrInvalidArgument)
+	}
+	t.mu.Lock()
+	st := t.st
+	t.mu.Unlock()
+	if st == stateStopped || st == stateDeleted {
+		return fmt.Errorf("update task %s: task is %s: %w", t.id, st, errdefs.ErrFailedPrecondition)
+	}
+	if err := t.vm.Update(ctx, &r); err != nil {
+		return fmt.Errorf("update task %s: %w", t.id, err)
+	}
+	return nil
 }

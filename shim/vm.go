@@ -7,6 +7,10 @@ import (
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/vmshim/vmshim/qemu"
 )
 
 // VM is what the task service needs of a virtual machine. Launch returns
@@ -32,6 +36,23 @@ type VM interface {
 	// Release frees every host resource held for the VM; it is called
 	// after QEMU has exited.
 	Release(ctx context.Context)
+	// GuestAgent is the guest agent's channel, or nil when the VM has
+	// none (a pod sandbox).
+	GuestAgent() GuestAgent
+	// Stats reports the VM's cgroup usage as containerd metrics types.
+	Stats(ctx context.Context) (proto.Message, error)
+	// Update applies new resource limits to the running VM.
+	Update(ctx context.Context, r *specs.LinuxResources) error
+}
+
+// GuestAgent runs programs in the guest.
+type GuestAgent interface {
+	// Exec starts a program and returns its guest pid.
+	Exec(ctx context.Context, c qemu.GuestCommand) (int, error)
+	// ExecStatus reports on a program Exec started.
+	ExecStatus(ctx context.Context, pid int) (qemu.GuestExecStatus, error)
+	// Ping checks that the agent answers.
+	Ping(ctx context.Context) error
 }
 
 // CreateRequest is what Launch needs to create a VM for a task.

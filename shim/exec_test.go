@@ -1,0 +1,331 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	apitask "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/core/runtime"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/vmshim/vmshim/qemu"
+)
+
+// fakeAgent runs "programs" whose outcome the test scripts by path.
+type fakeAgent struct {
+	mu       sync.Mutex // guards everything below
+	results  map[string]qemu.GuestExecStatus
+	pending  map[int]string // pid → path of programs still running
+	next     int
+	commands []qemu.GuestCommand
+	hang     map[string]bool // programs that never end
+	err      error           // returned by every call when set
+}
+
+func newFakeAgent() *fakeAgent {
+	return &fakeAgent{results: map[string]qemu.GuestExecStatus{}, pending: map[int]string{}, hang: map[string]bool{}, next: 100}
+}
+
+func (a *fakeAgent) Exec(_ context.Context, c qemu.GuestCommand) (int, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.err != nil {
+		return 0, a.err
+	}
+	a.commands = append(a.commands, c)
+	a.next++
+	a.pending[a.next] = c.Path
+	return a.next, nil
+}
+
+func (a *fakeAgent) ExecStatus(_ context.Context, pid int) (qemu.GuestExecStatus, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.err != nil {
+		return qemu.GuestExecStatus{}, a.err
+	}
+	path, ok := a.pending[pid]
+	if !ok {
+		return qemu.GuestExecStatus{}, fmt.Errorf("pid %d: %w", pid, errdefs.ErrNotFound)
+	}
+	if a.hang[path] {
+		return qemu.GuestExecStatus{}, nil
+	}
+	st := a.results[path]
+	st.Exited = true
+	return st, nil
+}
+
+func (a *fakeAgent) Ping(context.Context) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.err
+}
+
+func (a *fakeAgent) commandList() []qemu.GuestCommand {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]qemu.GuestCommand(nil), a.commands...)
+}
+
+// processSpec is an exec's process as containerd sends it.
+func processSpec(t *testing.T, p specs.Process) *anypb.Any {
+	t.Helper()
+	b, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &anypb.Any{TypeUrl: "types.containerd.io/opencontainers/runtime-spec/1/Process", Value: b}
+}
+
+// execVM starts task vm1 whose guest has the given agent.
+func execVM(t *testing.T, agent GuestAgent) (*service, *fakePublisher, *fakeVM) {
+	t.Helper()
+	s, l, p, _ := newService(t)
+	running(t, s, p, "vm1")
+	vm := l.vm(t, "vm1")
+	vm.mu.Lock()
+	vm.agent = agent
+	vm.mu.Unlock()
+	return s, p, vm
+}
+
+// readFifo reads a fifo opened in the background to its end.
+func readFifo(t *testing.T, ch <-chan *os.File) <-chan string {
+	out := make(chan string, 1)
+	go func() {
+		f, ok := <-ch
+		if !ok {
+			close(out)
+			return
+		}
+		b, _ := io.ReadAll(f)
+		out <- string(b)
+	}()
+	return out
+}
+
+func TestExecRunsInGuest(t *testing.T) {
+	agent := newFakeAgent()
+	agent.results["sh"] = qemu.GuestExecStatus{ExitCode: 3, Stdout: []byte("out\n"), Stderr: []byte("err\n")}
+	s, p, _ := execVM(t, agent)
+	ctx := context.Background()
+	stdout, stderr := mkfifo(t, "out"), mkfifo(t, "err")
+	outCh := readFifo(t, openFifo(t, stdout, os.O_RDONLY))
+	errCh := readFifo(t, openFifo(t, stderr, os.O_RDONLY))
+
+	_, err := s.Exec(ctx, &taskAPI.ExecProcessRequest{
+		ID: "vm1", ExecID: "e1", Stdout: stdout, Stderr: stderr,
+		Spec: processSpec(t, specs.Process{Args: []string{"sh", "-c", "exit 3"}, Env: []string{"A=1"}}),
+	})
+	if err != nil {
+		t.Fatalf("exec: %v", err)
+	}
+	added := expect[*eventstypes.TaskExecAdded](t, p, runtime.TaskExecAddedEventTopic)
+	if added.ContainerID != "vm1" || added.ExecID != "e1" {
+		t.Fatalf("exec added %+v", added)
+	}
+	st, err := s.State(ctx, &taskAPI.StateRequest{ID: "vm1", ExecID: "e1"})
+	if err != nil || st.Status != apitask.Status_CREATED {
+		t.Fatalf("state before start: %v, %v", st, err)
+	}
+	sr, err := s.Start(ctx, &taskAPI.StartRequest{ID: "vm1", ExecID: "e1"})
+	if err != nil || sr.Pid == 0 {
+		t.Fatalf("start exec: %v, %v", sr, err)
+	}
+	started := expect[*eventstypes.TaskExecStarted](t, p, runtime.TaskExecStartedEventTopic)
+	if started.ExecID != "e1" || started.Pid != sr.Pid {
+		t.Fatalf("exec started %+v, want pid %d", started, sr.Pid)
+	}
+	wr, err := s.Wait(ctx, &taskAPI.WaitRequest{ID: "vm1", ExecID: "e1"})
+	if err != nil || wr.ExitStatus != 3 {
+		t.Fatalf("wait exec: %v, %v", wr, err)
+	}
+	exit := expect[*eventstypes.TaskExit](t, p, runtime.TaskExitEventTopic)
+	if exit.ContainerID != "vm1" || exit.ID != "e1" || exit.ExitStatus != 3 || exit.Pid != sr.Pid {
+		t.Fatalf("exec exit %+v", exit)
+	}
+	if got := receive(t, outCh, "stdout"); got != "out\n" {
+		t.Errorf("stdout %q", got)
+	}
+	if got := receive(t, errCh, "stderr"); got != "err\n" {
+		t.Errorf("stderr %q", got)
+	}
+	cmds := agent.commandList()
+	if len(cmds) != 1 || cmds[0].Path != "sh" || strings.Join(cmds[0].Args, " ") != "-c exit 3" || cmds[0].Env[0] != "A=1" {
+		t.Fatalf("agent ran %+v", cmds)
+	}
+	dr, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "vm1", ExecID: "e1"})
+	if err != nil || dr.ExitStatus != 3 {
+		t.Fatalf("delete exec: %v, %v", dr, err)
+	}
+	if _, err := s.State(ctx, &taskAPI.StateRequest{ID: "vm1", ExecID: "e1"}); !errdefs.IsNotFound(errgrpc.ToNative(err)) {
+		t.Fatalf("state after delete: %v", err)
+	}
+	wantStatus(t, s, "vm1", apitask.Status_RUNNING)
+}
+
+func TestExecRefused(t *testing.T) {
+	noAgent := qemu.ErrNoAgent
+	tests := []struct {
+		name    string
+		agent   GuestAgent
+		proc    specs.Process
+		atStart bool // the error comes from Start, not Exec
+		class   string
+		is      func(error) bool
+		text    string
+	}{
+		{name: "tty", agent: newFakeAgent(), proc: specs.Process{Args: []string{"sh"}, Terminal: true},
+			class: "NotImplemented", is: errdefs.IsNotImplemented, text: "tty"},
+		{name: "no command", agent: newFakeAgent(), proc: specs.Process{},
+			class: "InvalidArgument", is: errdefs.IsInvalidArgument, text: "no command"},
+		{name: "no agent channel", agent: nil, proc: specs.Process{Args: []string{"true"}},
+			class: "FailedPrecondition", is: errdefs.IsFailedPrecondition, text: "no guest"},
+		{name: "agent not running", agent: &fakeAgent{err: noAgent, results: map[string]qemu.GuestExecStatus{}, pending: map[int]string{}},
+			proc: specs.Process{Args: []string{"true"}}, atStart: true,
+			class: "FailedPrecondition", is: errdefs.IsFailedPrecondition, text: "no guest agent"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _, _ := execVM(t, tc.agent)
+			ctx := context.Background()
+			_, err := s.Exec(ctx, &taskAPI.ExecProcessRequest{ID: "vm1", ExecID: "e", Spec: processSpec(t, tc.proc)})
+			if tc.atStart {
+				if err != nil {
+					t.Fatalf("exec: %v", err)
+				}
+				_, err = s.Start(ctx, &taskAPI.StartRequest{ID: "vm1", ExecID: "e"})
+			}
+			wantErr(t, err, tc.class, tc.is)
+			if !strings.Contains(err.Error(), tc.text) {
+				t.Fatalf("error %q does not mention %q", err, tc.text)
+			}
+		})
+	}
+}
+
+func TestExecKill(t *testing.T) {
+	agent := newFakeAgent()
+	agent.hang["sleep"] = true
+	s, p, _ := execVM(t, agent)
+	ctx := context.Background()
+	if _, err := s.Exec(ctx, &taskAPI.ExecProcessRequest{ID: "vm1", ExecID: "e", Spec: processSpec(t, specs.Process{Args: []string{"sleep", "100"}})}); err != nil {
+		t.Fatal(err)
+	}
+	sr, err := s.Start(ctx, &taskAPI.StartRequest{ID: "vm1", ExecID: "e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Kill(ctx, &taskAPI.KillRequest{ID: "vm1", ExecID: "e", Signal: uint32(syscall.SIGKILL)}); err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	// The guest never reports the end: the exec ends anyway, killed.
+	wr, err := s.Wait(ctx, &taskAPI.WaitRequest{ID: "vm1", ExecID: "e"})
+	if err != nil || wr.ExitStatus != 137 {
+		t.Fatalf("wait: %v, %v", wr, err)
+	}
+	cmds := agent.commandList()
+	want := fmt.Sprintf("kill -9 %d", sr.Pid)
+	if len(cmds) != 2 || cmds[1].Path+" "+strings.Join(cmds[1].Args, " ") != want {
+		t.Fatalf("agent ran %+v, want %q last", cmds, want)
+	}
+	expect[*eventstypes.TaskExecAdded](t, p, runtime.TaskExecAddedEventTopic)
+	expect[*eventstypes.TaskExecStarted](t, p, runtime.TaskExecStartedEventTopic)
+	if exit := expect[*eventstypes.TaskExit](t, p, runtime.TaskExitEventTopic); exit.ID != "e" || exit.ExitStatus != 137 {
+		t.Fatalf("exit %+v", exit)
+	}
+	if _, err := s.Kill(ctx, &taskAPI.KillRequest{ID: "vm1", ExecID: "e", Signal: 9}); !errdefs.IsNotFound(errgrpc.ToNative(err)) {
+		t.Fatalf("kill after exit: %v", err)
+	}
+}
+
+func TestExecEndsWithVM(t *testing.T) {
+	agent := newFakeAgent()
+	agent.hang["sleep"] = true
+	s, _, vm := execVM(t, agent)
+	ctx := context.Background()
+	if _, err := s.Exec(ctx, &taskAPI.ExecProcessRequest{ID: "vm1", ExecID: "e", Spec: processSpec(t, specs.Process{Args: []string{"sleep", "100"}})}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(ctx, &taskAPI.StartRequest{ID: "vm1", ExecID: "e"}); err != nil {
+		t.Fatal(err)
+	}
+	vm.exit(0)
+	wr, err := s.Wait(ctx, &taskAPI.WaitRequest{ID: "vm1", ExecID: "e"})
+	if err != nil || wr.ExitStatus != 137 {
+		t.Fatalf("wait: %v, %v", wr, err)
+	}
+	_, err = s.Exec(ctx, &taskAPI.ExecProcessRequest{ID: "vm1", ExecID: "e2", Spec: processSpec(t, specs.Process{Args: []string{"true"}})})
+	wantErr(t, err, "FailedPrecondition", errdefs.IsFailedPrecondition)
+}
+
+func TestExecStdin(t *testing.T) {
+	agent := newFakeAgent()
+	agent.results["cat"] = qemu.GuestExecStatus{Stdout: []byte("hello")}
+	s, _, _ := execVM(t, agent)
+	ctx := context.Background()
+	stdin := mkfifo(t, "in")
+	in := openFifo(t, stdin, os.O_WRONLY)
+	if _, err := s.Exec(ctx, &taskAPI.ExecProcessRequest{ID: "vm1", ExecID: "e", Stdin: stdin, Spec: processSpec(t, specs.Process{Args: []string{"cat"}})}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(ctx, &taskAPI.StartRequest{ID: "vm1", ExecID: "e"}); err != nil {
+		t.Fatal(err)
+	}
+	f := receive(t, in, "stdin fifo")
+	if _, err := f.WriteString("hello"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	wr, err := s.Wait(ctx, &taskAPI.WaitRequest{ID: "vm1", ExecID: "e"})
+	if err != nil || wr.ExitStatus != 0 {
+		t.Fatalf("wait: %v, %v", wr, err)
+	}
+	cmds := agent.commandList()
+	if len(cmds) != 1 || string(cmds[0].Input) != "hello" {
+		t.Fatalf("agent ran %+v", cmds)
+	}
+}
+
+func TestServiceStatsUpdate(t *testing.T) {
+	s, l, p, _ := newService(t)
+	ctx := context.Background()
+	running(t, s, p, "vm1")
+	vm := l.vm(t, "vm1")
+	if _, err := s.Stats(ctx, &taskAPI.StatsRequest{ID: "vm1"}); !errdefs.IsNotFound(errgrpc.ToNative(err)) {
+		t.Fatalf("stats without cgroup: %v", err)
+	}
+	vm.mu.Lock()
+	vm.stats = &apitask.ProcessInfo{Pid: 42} // any proto message
+	vm.mu.Unlock()
+	sr, err := s.Stats(ctx, &taskAPI.StatsRequest{ID: "vm1"})
+	if err != nil || !strings.HasSuffix(sr.Stats.GetTypeUrl(), "containerd.v1.types.ProcessInfo") {
+		t.Fatalf("stats: %v, %v", sr, err)
+	}
+	quota := int64(50000)
+	res, _ := json.Marshal(specs.LinuxResources{CPU: &specs.LinuxCPU{Quota: &quota}})
+	if _, err := s.Update(ctx, &taskAPI.UpdateTaskRequest{ID: "vm1", Resources: &anypb.Any{TypeUrl: "x", Value: res}}); err != nil {
+		t.Fatalf("update: %v", err)
+	}
+	vm.mu.Lock()
+	got := vm.updates
+	vm.mu.Unlock()
+	if len(got) != 1 || got[0].CPU == nil || *got[0].CPU.Quota != quota {
+		t.Fatalf("updates %+v", got)
+	}
+	_, err = s.Update(ctx, &taskAPI.UpdateTaskRequest{ID: "vm1"})
+	wantErr(t, err, "InvalidArgument", errdefs.IsInvalidArgument)
+}

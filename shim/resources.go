@@ -1,0 +1,125 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
+)
+
+// cgroupLimits gives a task the stats and limits of its cgroup.
+//
+// A VM's cgroup allows guest RAM plus the overhead QEMU needs beyond it
+// (config memory_overhead), so a guest that uses all its RAM cannot push
+// QEMU over the limit: the memory limit sizes the guest, not the cgroup.
+type cgroupLimits struct {
+	cg       taskCgroup // nil when the spec names no cgroup
+	guest    int64      // guest RAM in bytes; 0 for a pod sandbox
+	overhead int64      // what QEMU may use beyond guest RAM
+	memLimit int64      // the container's memory limit at create; 0 = none
+}
+
+// cgroupResources is what a task's cgroup enforces: the spec's limits,
+// with the memory limit (and swap, kept equal) raised to guest RAM plus
+// overhead for a VM, and without device rules, which are meant for a
+// container's processes, not for QEMU (its devices are opened by the shim
+// or at start).
+func (c *cgroupLimits) cgroupResources(r *specs.LinuxResources) *specs.LinuxResources {
+	var out specs.LinuxResources
+	if r != nil {
+		out = *r
+	}
+	out.Devices = nil
+	if c.guest > 0 {
+		limit := c.guest + c.overhead
+		mem := specs.LinuxMemory{}
+		if out.Memory != nil {
+			mem = *out.Memory
+		}
+		mem.Limit = &limit
+		if mem.Swap != nil {
+			swap := limit
+			mem.Swap = &swap
+		}
+		out.Memory = &mem
+	}
+	return &out
+}
+
+// Stats reports the cgroup's usage.
+func (c *cgroupLimits) Stats(ctx context.Context) (proto.Message, error) {
+	if c.cg == nil {
+		return nil, fmt.Errorf("task has no cgroup to report on: %w", errdefs.ErrNotFound)
+	}
+	return c.cg.Stats()
+}
+
+// Update applies new limits. A VM's memory is fixed at boot, so a memory
+// limit other than the one it was created with is refused; CPU limits,
+// pids and the rest apply to the cgroup (the vCPU count stays).
+func (c *cgroupLimits) Update(ctx context.Context, r *specs.LinuxResources) error {
+	if r == nil {
+		return fmt.Errorf("no resources given: %w", errdefs.ErrInvalidArgument)
+	}
+	if c.guest > 0 && r.Memory != nil && r.Memory.Limit != nil && *r.Memory.Limit > 0 && *r.Memory.Limit != c.memLimit {
+		return fmt.Errorf("memory limit cannot change on a running VM: guest RAM is fixed at boot (%d MiB); recreate the pod to resize it: %w",
+			c.guest>>20, errdefs.ErrNotImplemented)
+	}
+	if c.cg == nil {
+		return fmt.Errorf("task has no cgroup to apply limits to: %w", errdefs.ErrFailedPrecondition)
+	}
+	return c.cg.Update(c.cgroupResources(r))
+}
+
+// createCgroup makes the cgroup the spec names (recording it first, so a
+// delete after a crash removes it) with the limits of c; nil when the spec
+// names none.
+func (c *cgroupLimits) create(ctx context.Context, spec *specs.Spec, rec *record) error {
+	if spec.Linux == nil || spec.Linux.CgroupsPath == "" {
+		return nil
+	}
+	rec.Cgroup = spec.Linux.CgroupsPath
+	if err := rec.save(); err != nil {
+		return err
+	}
+	cg, err := newCgroup(ctx, spec.Linux.CgroupsPath, c.cgroupResources(spec.Linux.Resources))
+	if err != nil {
+		return err
+	}
+	c.cg = cg
+	return nil
+}
+
+// add moves the task's process into its cgroup.
+func (c *cgroupLimits) add(pid int) error {
+	if c.cg == nil {
+		return nil
+	}
+	if err := c.cg.Add(pid); err != nil {
+		return fmt.Errorf("move pid %d into cgroup %s: %w", pid, c.cg.Path(), err)
+	}
+	return nil
+}
+
+// removeCgroup deletes the cgroup at path, if it is there.
+func removeCgroup(ctx context.Context, path string) error {
+	cg, err := loadCgroup(ctx, path)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return cg.Delete()
+}
+
+// specMemoryLimit is the memory limit of spec, 0 when it has none.
+func specMemoryLimit(spec *specs.Spec) int64 {
+	if spec.Linux == nil || spec.Linux.Resources == nil || spec.Linux.Resources.Memory == nil ||
+		spec.Linux.Resources.Memory.Limit == nil || *spec.Linux.Resources.Memory.Limit < 0 {
+		return 0
+	}
+	return *spec.Linux.Resources.Memory.Limit
+}
