@@ -59,24 +59,36 @@ type pod struct {
 	id      string
 	name    string
 	config  *runtimeapi.PodSandboxConfig
+	cgroup  *podCgroup
 	removed bool
 }
 
 // runPod runs a pod sandbox with the vm runtime handler.
 func (c *cri) runPod(ctx context.Context, t *testing.T, name string) *pod {
 	t.Helper()
+	return c.runPodLimited(ctx, t, name, 0)
+}
+
+// runPodLimited runs a pod sandbox in its own pod cgroup, as the kubelet
+// does; a memLimit above zero is the pod cgroup's memory limit (the sum
+// of its containers' limits and the RuntimeClass overhead).
+func (c *cri) runPodLimited(ctx context.Context, t *testing.T, name string, memLimit int64) *pod {
+	t.Helper()
+	uid := uniqueID(t)
+	pc := newPodCgroup(t, "pod"+uid, memLimit)
 	cfg := &runtimeapi.PodSandboxConfig{
-		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Uid: uniqueID(t), Namespace: "default"},
+		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Uid: uid, Namespace: "default"},
 		Hostname:     name,
 		LogDirectory: filepath.Join(c.logDir, name),
 		DnsConfig:    &runtimeapi.DNSConfig{Servers: []string{"10.96.0.10"}, Searches: []string{"default.svc.cluster.local", "svc.cluster.local"}},
-		Linux:        &runtimeapi.LinuxPodSandboxConfig{},
+		Linux:        &runtimeapi.LinuxPodSandboxConfig{CgroupParent: pc.path},
 	}
 	resp, err := c.runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: runtimeHandler})
 	if err != nil {
+		pc.remove(t)
 		t.Fatalf("RunPodSandbox: %v\ncontainerd log:\n%s", err, c.d.logTail())
 	}
-	p := &pod{c: c, id: resp.PodSandboxId, name: name, config: cfg}
+	p := &pod{c: c, id: resp.PodSandboxId, name: name, config: cfg, cgroup: pc}
 	t.Cleanup(func() { p.remove(t) })
 	return p
 }
@@ -154,6 +166,11 @@ func (p *pod) remove(t *testing.T) {
 	}
 	if _, err := p.c.runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.id}); err != nil {
 		t.Errorf("RemovePodSandbox %s: %v", p.name, err)
+	}
+	// The kubelet removes the pod cgroup once the pod is gone; the
+	// runtime must have removed the containers' cgroups inside it.
+	if p.cgroup != nil {
+		p.cgroup.remove(t)
 	}
 }
 

@@ -38,6 +38,7 @@ const (
 	imageDiskPoweroff = "localhost/vmshim-test/disk:poweroff"
 	imageKernelWait   = "localhost/vmshim-test/kernel:wait"
 	imageKernelOff    = "localhost/vmshim-test/kernel:poweroff"
+	imageKernelAgent  = "localhost/vmshim-test/kernel:agent" // runs qemu-guest-agent
 )
 
 // bootTimeout is generous: the guests boot under TCG on two cores.
@@ -193,6 +194,10 @@ func assertNothingLeft(ctx context.Context, t *testing.T, id string) {
 	sum := sha256.Sum256([]byte(testNamespace + "/" + id))
 	if _, err := os.Stat(filepath.Join("/run/vmshim", hex.EncodeToString(sum[:8]))); err == nil {
 		t.Errorf("runtime dir left for %s", id)
+	}
+	// ctr's containers run in the cgroup /NAMESPACE/ID.
+	if left, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", testNamespace, id)); len(left) > 0 {
+		t.Errorf("cgroups left for %s: %v", id, left)
 	}
 	bundle := filepath.Join(env.daemon.dir, "state", "io.containerd.runtime.v2.task", testNamespace, id)
 	if _, err := os.Stat(bundle); err == nil {

@@ -36,6 +36,11 @@ const sandboxOptions = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resou
 // tcgThreading is the TCG threading mode; multi runs one host thread per vCPU.
 const tcgThreading = "multi"
 
+// TCGCacheMiB bounds TCG's translated-code cache (QEMU's default is 1 GiB,
+// or an eighth of host RAM): the cache is QEMU's largest own use of memory
+// under TCG, and it is charged to the VM's cgroup.
+const TCGCacheMiB = 64
+
 // escapeOpt escapes a value for QEMU's comma-separated option syntax, where a
 // literal comma is written as two.
 func escapeOpt(s string) string {
@@ -92,7 +97,7 @@ func BuildArgs(s Spec) ([]string, error) {
 	case AccelKVM:
 		args = append(args, "-accel", "kvm", "-cpu", "host")
 	default:
-		args = append(args, "-accel", "tcg,thread="+tcgThreading, "-cpu", "max")
+		args = append(args, "-accel", "tcg,thread="+tcgThreading+",tb-size="+strconv.Itoa(TCGCacheMiB), "-cpu", "max")
 	}
 	args = append(args,
 		"-smp", strconv.Itoa(s.CPUs),

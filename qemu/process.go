@@ -36,6 +36,10 @@ type LaunchConfig struct {
 	Files  []*os.File // from FDSet.Files(); the caller keeps and closes its copies
 	Stderr io.Writer  // QEMU's own stderr/stdout; nil discards it
 	Dir    string     // working dir
+	// Start starts the process (for example inside a cgroup); nil means
+	// cmd.Start. If it fails after the process started, the process is
+	// killed and reaped.
+	Start func(cmd *exec.Cmd) error
 }
 
 // States of the guest's end of the agent port, as VM.agentPort holds them.
@@ -85,7 +89,15 @@ func Launch(ctx context.Context, cfg LaunchConfig) (_ *VM, retErr error) {
 	cmd.WaitDelay = outputDrain
 	cmd.ExtraFiles = cfg.Files
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err = cmd.Start(); err != nil {
+	start := cfg.Start
+	if start == nil {
+		start = (*exec.Cmd).Start
+	}
+	if err = start(cmd); err != nil {
+		if cmd.Process != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
 		return nil, fmt.Errorf("start qemu %s: %w", cfg.Binary, err)
 	}
 	v := &VM{cmd: cmd, done: make(chan struct{})}

@@ -6,9 +6,13 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/containerd/cgroups/v3"
@@ -36,6 +40,8 @@ const (
 type taskCgroup interface {
 	// Add moves a process, with all its threads, into the cgroup.
 	Add(pid int) error
+	// Start starts cmd in the cgroup.
+	Start(cmd *exec.Cmd) error
 	// Update applies limits.
 	Update(r *specs.LinuxResources) error
 	// Stats reports usage as *cgroup1stats.Metrics or *cgroup2stats.Metrics.
@@ -227,7 +233,7 @@ func (h cgroupHost) newDirs(p cgroupPath, v2 bool, r *specs.LinuxResources) (_ t
 		if err != nil {
 			return nil, cgroupError("create", p.raw, err, errdefs.ErrUnknown)
 		}
-		return &v2Cgroup{path: p.raw, mgr: mgr}, nil
+		return &v2Cgroup{path: p.raw, dir: filepath.Join(h.root, p.dir), mgr: mgr}, nil
 	}
 	subs, err := h.v1Subsystems()
 	if err != nil {
@@ -256,7 +262,7 @@ func (h cgroupHost) loadDirs(p cgroupPath, v2 bool) (taskCgroup, error) {
 		if err != nil {
 			return nil, cgroupError("load", p.raw, err, errdefs.ErrUnknown)
 		}
-		return &v2Cgroup{path: p.raw, mgr: mgr}, nil
+		return &v2Cgroup{path: p.raw, dir: filepath.Join(h.root, p.dir), mgr: mgr}, nil
 	}
 	subs, err := h.v1Subsystems()
 	if err != nil {
@@ -350,6 +356,59 @@ func (c *v1Cgroup) Add(pid int) error {
 	return nil
 }
 
+// Start starts cmd inside the cgroup, so that everything the process
+// allocates, from its first page, is charged here. v1 places threads, not
+// processes: a locked thread joins the cgroup, forks the child, which
+// inherits it, and goes back to its own cgroups. Should going back fail,
+// the thread stays locked and ends with its goroutine. (The Go runtime
+// makes new threads from a template thread, never from a locked one.)
+func (c *v1Cgroup) Start(cmd *exec.Cmd) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := cgroup1.ParseCgroupFile("/proc/thread-self/cgroup")
+		if err != nil {
+			errc <- cgroupError("read the shim's cgroups for", c.path, err, errdefs.ErrUnknown)
+			return
+		}
+		tid := unix.Gettid()
+		if err := c.cg.AddTask(cgroup1.Process{Pid: tid}); err != nil {
+			c.rejoin(tid, orig)
+			errc <- cgroupError("join", c.path, err, errdefs.ErrUnknown)
+			return
+		}
+		err = cmd.Start()
+		if c.rejoin(tid, orig) {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
+	}()
+	return <-errc
+}
+
+// rejoin moves thread tid back to the cgroups orig lists (as read from
+// /proc/thread-self/cgroup) in each of c's hierarchies; false if any move
+// failed.
+func (c *v1Cgroup) rejoin(tid int, orig map[string]string) bool {
+	ok := true
+	for _, s := range c.cg.Subsystems() {
+		p, isPather := s.(pather)
+		name := string(s.Name())
+		dir, found := orig[name]
+		if !found {
+			dir, found = orig["name="+name]
+		}
+		if !isPather || !found {
+			ok = false
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(p.Path(dir), "tasks"), []byte(strconv.Itoa(tid)), 0); err != nil {
+			ok = false
+		}
+	}
+	return ok
+}
+
 // Update applies r.
 func (c *v1Cgroup) Update(r *specs.LinuxResources) error {
 	if err := c.cg.Update(withoutSwap(r, c.swap)); err != nil {
@@ -383,7 +442,22 @@ func (c *v1Cgroup) Path() string { return c.path }
 // v2Cgroup is a cgroup on the unified hierarchy.
 type v2Cgroup struct {
 	path string
+	dir  string // its directory
 	mgr  *cgroup2.Manager
+}
+
+// Start starts cmd inside the cgroup (clone3 with CLONE_INTO_CGROUP).
+func (c *v2Cgroup) Start(cmd *exec.Cmd) error {
+	fd, err := unix.Open(c.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return cgroupError("open", c.path, err, errdefs.ErrUnknown)
+	}
+	defer unix.Close(fd)
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+	return cmd.Start()
 }
 
 // Add moves pid into the cgroup.

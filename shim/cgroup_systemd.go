@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"sync"
 
 	"github.com/containerd/errdefs"
@@ -63,6 +64,15 @@ func (c *scopeCgroup) Add(pid int) (retErr error) {
 	}
 	c.inner = inner
 	return nil
+}
+
+// Start starts cmd, then puts it in the scope: systemd makes the scope
+// around a running process.
+func (c *scopeCgroup) Start(cmd *exec.Cmd) error {
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	return c.Add(cmd.Process.Pid)
 }
 
 // Update applies r now, or when the scope is made.
@@ -163,4 +173,3 @@ func systemdJob(ctx context.Context, call func(*sddbus.Conn, chan<- string) (int
 		return ctx.Err()
 	}
 }
-

@@ -551,6 +551,32 @@ func TestCgroupV1Real(t *testing.T) {
 		t.Error("memory usage stays 0")
 	}
 
+	// Start puts a child in the cgroup from its first instruction, and
+	// leaves every thread of this process where it was.
+	before, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := exec.Command("sleep", "30")
+	if err := cg.Start(started); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = started.Process.Kill(); _ = started.Wait() })
+	if got, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", started.Process.Pid)); !strings.Contains(string(got), ":memory:"+path+"\n") {
+		t.Errorf("started child's cgroups:\n%s", got)
+	}
+	tasks, _ := filepath.Glob("/proc/self/task/*/cgroup")
+	for _, f := range tasks {
+		if b, _ := os.ReadFile(f); strings.Contains(string(b), path) {
+			t.Errorf("thread %s of the test joined the cgroup:\n%s", f, b)
+		}
+	}
+	if after, _ := os.ReadFile("/proc/self/cgroup"); string(after) != string(before) {
+		t.Errorf("the test's own cgroups changed:\n%s\nthen\n%s", before, after)
+	}
+	_ = started.Process.Kill()
+	_ = started.Wait()
+
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}

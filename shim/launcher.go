@@ -186,6 +186,9 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 	stderr := logger.WriterLevel(logrus.WarnLevel)
 	vm, err := qemu.Launch(bootCtx, qemu.LaunchConfig{
 		Binary: binary, Spec: qs, Files: fds.Files(), Stderr: stderr, Dir: rec.RuntimeDir,
+		// QEMU starts in the VM's cgroup: all it allocates, the kernel
+		// it loads into guest RAM included, is charged there.
+		Start: limits.start,
 	})
 	if err != nil {
 		stderr.Close()
@@ -193,12 +196,7 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 	}
 	rec.Pid = vm.Pid()
 	rec.PidStart, _ = processStart(vm.Pid())
-	if err = rec.save(); err == nil {
-		// QEMU joins the cgroup before its vCPUs run, so guest RAM is
-		// charged there from the first page.
-		err = limits.add(vm.Pid())
-	}
-	if err != nil {
+	if err = rec.save(); err != nil {
 		_ = vm.Kill()
 		<-vm.Done()
 		stderr.Close()

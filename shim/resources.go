@@ -3,6 +3,8 @@ package shim
 import (
 	"context"
 	"fmt"
+	"os/exec"
+	"path/filepath"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -92,13 +94,13 @@ func (c *cgroupLimits) create(ctx context.Context, spec *specs.Spec, rec *record
 	return nil
 }
 
-// add moves the task's process into its cgroup.
-func (c *cgroupLimits) add(pid int) error {
+// start starts the task's process inside its cgroup.
+func (c *cgroupLimits) start(cmd *exec.Cmd) error {
 	if c.cg == nil {
-		return nil
+		return cmd.Start()
 	}
-	if err := c.cg.Add(pid); err != nil {
-		return fmt.Errorf("move pid %d into cgroup %s: %w", pid, c.cg.Path(), err)
+	if err := c.cg.Start(cmd); err != nil {
+		return fmt.Errorf("start %s in cgroup %s: %w", filepath.Base(cmd.Path), c.cg.Path(), err)
 	}
 	return nil
 }

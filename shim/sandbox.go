@@ -88,15 +88,16 @@ func launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec, nsPa
 	}
 	cmd := &exec.Cmd{Path: self, Args: []string{PauseName, nsPath}, Dir: "/"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	if err := limits.start(cmd); err != nil {
+		if cmd.Process != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
 		return nil, fmt.Errorf("start pod sandbox process: %w", err)
 	}
 	rec.Pid = cmd.Process.Pid
 	rec.PidStart, _ = processStart(rec.Pid)
-	if err = rec.save(); err == nil {
-		err = limits.add(rec.Pid)
-	}
-	if err != nil {
+	if err := rec.save(); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		return nil, err

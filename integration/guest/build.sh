@@ -4,16 +4,19 @@
 #   build.sh OUTDIR
 #
 # OUTDIR receives vmlinuz (the Debian bzImage), vmlinux (its uncompressed ELF,
-# for fast QEMU -kernel boots through the PVH entry), initrd-{wait,poweroff}.img
-# (busybox initramfs running init.sh, with udhcpc.sh as the DHCP client's
-# script and the virtio NIC modules), disk-{wait,poweroff}.qcow2 (BIOS-bootable
-# disks: MBR, FAT16, syslinux) and four OCI archives made with vmshim-pack:
-# disk-{wait,poweroff}.tar and kernel-{wait,poweroff}.tar.
+# for fast QEMU -kernel boots through the PVH entry),
+# initrd-{wait,poweroff,agent}.img (busybox initramfs running init.sh, with
+# udhcpc.sh as the DHCP client's script and the virtio NIC modules; the agent
+# flavour boots like wait and also carries qemu-ga), disk-{wait,poweroff}.qcow2
+# (BIOS-bootable disks: MBR, FAT16, syslinux) and five OCI archives made with
+# vmshim-pack: disk-{wait,poweroff}.tar and kernel-{wait,poweroff,agent}.tar.
 #
 # The kernel is the linux-image-*-amd64 package that linux-image-amd64 depends
-# on, fetched with apt-get download into a cache (never installed). No loop
-# devices, no mounts, no network beyond apt. A second run with the same script,
-# init, vmshim-pack sources and kernel version does nothing.
+# on; qemu-ga comes from the qemu-guest-agent package and the shared objects
+# it needs from the packages it depends on (recursively). All are fetched
+# with apt-get download into a cache and unpacked, never installed. No loop
+# devices, no mounts, no network beyond apt. A second run with the same
+# script, init, vmshim-pack sources and package versions does nothing.
 #
 # Environment: VMSHIM_PACK (vmshim-pack binary; default: built from the repo),
 # VMSHIM_DEB_CACHE (where .debs are kept; default OUTDIR/../debs).
@@ -25,6 +28,11 @@ REFS=localhost/vmshim-test
 PART_START_MIB=1 # the FAT partition starts at 1 MiB
 PART_SIZE_MIB=32 # room for the bzImage (~8 MiB) and an initramfs
 WORK=            # scratch directory inside OUTDIR, removed on exit
+AGENT_PKG=qemu-guest-agent
+AGENT_BIN=usr/sbin/qemu-ga # inside the package, and inside the agent initramfs
+# Where the agent's shared objects are looked up in the unpacked packages
+# (and put in the initramfs): the dynamic loader's default search path.
+AGENT_LIBDIRS="lib/x86_64-linux-gnu usr/lib/x86_64-linux-gnu lib64"
 
 log() { echo "guest: $*" >&2; }
 trap 'log "failed at line $LINENO: $BASH_COMMAND"' ERR
@@ -73,7 +81,25 @@ kernel_package() {
 	echo "$name $ver"
 }
 
-# stamp_of hashes what the artefacts depend on.
+# agent_packages prints "NAME VERSION", one a line, for qemu-guest-agent and
+# every package it depends on, recursively (Depends only: Pre-Depends,
+# Recommends and the like bring nothing qemu-ga loads). Virtual packages
+# ("<name>") are skipped; the packages providing them are listed in their
+# own right. Versions are apt's candidates.
+agent_packages() {
+	local names
+	names=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
+		--no-breaks --no-replaces --no-enhances --no-pre-depends "$AGENT_PKG" 2>/dev/null |
+		sed -n 's/^\([^ <][^ ]*\)$/\1/p' | sed 's/:.*//' | LC_ALL=C sort -u) || names=
+	grep -qx "$AGENT_PKG" <<<"$names" ||
+		die "apt knows no $AGENT_PKG package (apt-cache depends $AGENT_PKG failed)"
+	# shellcheck disable=SC2086 # one argument per package name
+	apt-cache show --no-all-versions $names |
+		awk '/^Package:/ { name = $2 } /^Version:/ { print name, $2 }' | LC_ALL=C sort -u
+}
+
+# stamp_of PKGS... hashes what the artefacts depend on: the scripts, the
+# vmshim-pack sources and PKGS (package names and versions).
 stamp_of() {
 	{
 		cat "$HERE/build.sh" "$HERE/init.sh" "$HERE/udhcpc.sh"
@@ -81,7 +107,7 @@ stamp_of() {
 		for f in "$REPO"/cmd/vmshim-pack/*.go; do
 			case $f in *_test.go) ;; *) [ -f "$f" ] && cat "$f" ;; esac
 		done
-		echo "$1"
+		echo "$@"
 	} | sha256sum | cut -d' ' -f1
 }
 
@@ -174,6 +200,75 @@ add_module() {
 	echo "$base" >>"$order"
 }
 
+# resolve_in ROOT PATH prints PATH (absolute, inside ROOT) with its symlinks
+# followed inside ROOT, so an absolute link in an unpacked package (libc6's
+# /lib64/ld-linux-x86-64.so.2) never leads to the host's file.
+resolve_in() {
+	local root=$1 path=$2 target
+	for _ in $(seq 40); do
+		[ -L "$root$path" ] || { echo "$path"; return; }
+		target=$(readlink "$root$path")
+		case $target in
+		/*) path=$target ;;
+		*) path=$(dirname "$path")/$target ;;
+		esac
+	done
+	die "$path: too many levels of symbolic links under $root"
+}
+
+# elf_needed FILE prints the shared objects FILE's dynamic section names
+# (DT_NEEDED), one a line.
+elf_needed() {
+	readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]$/\1/p'
+}
+
+# elf_interp FILE prints FILE's ELF interpreter (PT_INTERP), or nothing.
+elf_interp() {
+	readelf -l "$1" | sed -n 's/.*\[Requesting program interpreter: \(.*\)\]$/\1/p'
+}
+
+# install_agent STAGE ROOT copies qemu-ga from STAGE (the unpacked packages)
+# into the initramfs tree ROOT at the same path, with its ELF interpreter at
+# the same absolute path and exactly the shared objects it needs: its NEEDED
+# entries, recursively, each found in one of AGENT_LIBDIRS of STAGE and put
+# under the same directory in ROOT (no ld.so.cache: the loader searches
+# those directories by default).
+install_agent() {
+	local stage=$1 root=$2 interp lib dir file found
+	local -a queue
+	local -A seen=()
+	[ -f "$stage/$AGENT_BIN" ] || die "$AGENT_PKG has no /$AGENT_BIN"
+	install -D -m 0755 "$stage/$AGENT_BIN" "$root/$AGENT_BIN"
+	interp=$(elf_interp "$stage/$AGENT_BIN")
+	[ -n "$interp" ] || die "/$AGENT_BIN has no ELF interpreter"
+	file=$stage$(resolve_in "$stage" "$interp")
+	[ -f "$file" ] || die "ELF interpreter $interp of /$AGENT_BIN is in none of the unpacked packages"
+	install -D -m 0755 "$file" "$root$interp"
+	# The interpreter is the loader itself: libc's NEEDED entry for it is
+	# satisfied without a second copy.
+	seen[${interp##*/}]=1
+	queue=("$stage/$AGENT_BIN")
+	while [ ${#queue[@]} -gt 0 ]; do
+		file=${queue[0]}
+		queue=("${queue[@]:1}")
+		for lib in $(elf_needed "$file"); do
+			[ -z "${seen[$lib]:-}" ] || continue
+			seen[$lib]=1
+			found=/nonexistent
+			for dir in $AGENT_LIBDIRS; do
+				if [ -e "$stage/$dir/$lib" ]; then
+					found=$stage$(resolve_in "$stage" "/$dir/$lib")
+					break
+				fi
+			done
+			[ -f "$found" ] ||
+				die "${file#"$stage"} needs $lib, which is in none of $AGENT_LIBDIRS of the unpacked packages"
+			install -D -m 0644 "$found" "$root/$dir/$lib"
+			queue+=("$found")
+		done
+	done
+}
+
 # newc_chardev NAME MAJOR MINOR writes a one-entry newc cpio archive holding
 # a character device, so the initramfs has /dev/console without mknod (and
 # without root) at build time. Header: magic + 13 eight-digit hex fields.
@@ -194,10 +289,15 @@ newc_trailer() {
 	head -c $(((4 - (110 + 11) % 4) % 4)) /dev/zero
 }
 
-# build_initrd KTREE MODE OUT builds the gzip'd newc initramfs for MODE.
+# build_initrd KTREE FLAVOUR OUT [AGENTSTAGE] builds the gzip'd newc
+# initramfs for FLAVOUR: wait, poweroff, or agent (mode wait, plus qemu-ga
+# from the unpacked packages in AGENTSTAGE and the virtio-serial driver).
 build_initrd() {
-	local tree=$1 mode=$2 out=$3 root applet m
-	root=$(mktemp -d "$WORK/initrd-$mode.XXXX")
+	local tree=$1 flavour=$2 out=$3 stage=${4:-} root applet m mode=$2
+	if [ "$flavour" = agent ]; then
+		mode="wait"
+	fi
+	root=$(mktemp -d "$WORK/initrd-$flavour.XXXX")
 	mkdir -p "$root"/{bin,dev,etc,proc,sys,lib/modules}
 	cp "$(command -v busybox)" "$root/bin/busybox"
 	grep -q INTERP <<<"$(readelf -l "$root/bin/busybox")" &&
@@ -221,6 +321,17 @@ build_initrd() {
 	for m in virtio_pci virtio_net af_packet; do
 		add_module "$tree" "$m" "$root/lib/modules" "$root/lib/modules/order"
 	done
+	if [ "$flavour" = agent ]; then
+		# virtio_console drives the virtio-serial port qemu-ga talks on.
+		add_module "$tree" virtio_console "$root/lib/modules" "$root/lib/modules/order"
+		install_agent "$stage" "$root"
+		# init.sh puts qemu-ga's state directory under /run (/var/run,
+		# qemu-ga's default, leads there too); guest-exec'd commands may
+		# want /tmp.
+		mkdir -p "$root"/{run,tmp,var}
+		chmod 1777 "$root/tmp"
+		ln -s ../run "$root/var/run"
+	fi
 	{
 		(cd "$root" && find . -mindepth 1 | LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0)
 		# A second archive: the kernel unpacks concatenated cpio archives.
@@ -279,7 +390,7 @@ pack_tool() {
 
 main() {
 	[ $# -eq 1 ] || die "usage: build.sh OUTDIR"
-	local out kpkg kname kversion stamp deb tree kver mode pack
+	local out kpkg kname kversion stamp deb tree kver flavour pack agent_pkgs name ver f
 	mkdir -p "$1"
 	out=$(cd "$1" && pwd)
 	need_tools
@@ -288,7 +399,8 @@ main() {
 	exec 9>"$out/.lock"
 	flock 9
 	kpkg=$(kernel_package)
-	stamp=$(stamp_of "$kpkg")
+	agent_pkgs=$(agent_packages)
+	stamp=$(stamp_of "$kpkg" "$agent_pkgs")
 	if [ "$(cat "$out/stamp" 2>/dev/null)" = "$stamp" ]; then
 		return 0
 	fi
@@ -306,17 +418,26 @@ main() {
 	cp "$WORK/kpkg/boot/vmlinuz-$kver" "$WORK/vmlinuz"
 	extract_vmlinux "$WORK/vmlinuz" "$WORK/vmlinux"
 
+	# qemu-guest-agent and its dependencies, unpacked together.
+	mkdir "$WORK/agent"
+	while read -r name ver; do
+		deb=$(fetch_deb "$name" "$ver" "${VMSHIM_DEB_CACHE:-$(dirname "$out")/debs}")
+		dpkg-deb -x "$deb" "$WORK/agent"
+	done <<<"$agent_pkgs"
+
 	pack=$(pack_tool)
-	for mode in wait poweroff; do
-		build_initrd "$tree" "$mode" "$WORK/initrd-$mode.img"
-		build_disk "$WORK/vmlinuz" "$WORK/initrd-$mode.img" "$WORK/disk-$mode.qcow2"
-		"$pack" --disk "$WORK/disk-$mode.qcow2" --ref "$REFS/disk:$mode" -o "$WORK/disk-$mode.tar"
-		"$pack" --kernel "$WORK/vmlinux" --initrd "$WORK/initrd-$mode.img" \
-			--ref "$REFS/kernel:$mode" -o "$WORK/kernel-$mode.tar"
+	for flavour in wait poweroff agent; do
+		build_initrd "$tree" "$flavour" "$WORK/initrd-$flavour.img" "$WORK/agent"
+		"$pack" --kernel "$WORK/vmlinux" --initrd "$WORK/initrd-$flavour.img" \
+			--ref "$REFS/kernel:$flavour" -o "$WORK/kernel-$flavour.tar"
+		# The agent flavour is for kernel boots only: no disk.
+		[ "$flavour" = agent ] && continue
+		build_disk "$WORK/vmlinuz" "$WORK/initrd-$flavour.img" "$WORK/disk-$flavour.qcow2"
+		"$pack" --disk "$WORK/disk-$flavour.qcow2" --ref "$REFS/disk:$flavour" -o "$WORK/disk-$flavour.tar"
 	done
 
-	for f in vmlinuz vmlinux initrd-{wait,poweroff}.img disk-{wait,poweroff}.qcow2 \
-		{disk,kernel}-{wait,poweroff}.tar; do
+	for f in vmlinuz vmlinux initrd-{wait,poweroff,agent}.img disk-{wait,poweroff}.qcow2 \
+		{disk,kernel}-{wait,poweroff}.tar kernel-agent.tar; do
 		mv -f "$WORK/$f" "$out/$f"
 	done
 	echo "$stamp" >"$out/stamp"

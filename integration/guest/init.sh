@@ -2,6 +2,9 @@
 # /init of the vmshim test guest: busybox sh as PID 1 in an initramfs.
 #
 # Markers on the console (ttyS0), one per line:
+#   VMSHIM-AGENT-STARTED           qemu-ga runs on the virtio-serial port
+#                                  org.qemu.guest_agent.0 (only in guests that
+#                                  carry /usr/sbin/qemu-ga; before BOOTED)
 #   VMSHIM-GUEST-BOOTED            userspace is up and the handlers below are armed
 #   VMSHIM-GUEST-UPTIME <seconds>  first field of /proc/uptime at that moment
 #   VMSHIM-ECHO: <line>            answer to each line read from the console
@@ -15,6 +18,9 @@
 #   VMSHIM-GATEWAY-FAIL <gw>       ... or does not (- when the lease has none)
 #   VMSHIM-PEER-OK <body>          http://PEER:8080/ answered (vmshim.test.peer=PEER)
 #   VMSHIM-PEER-FAIL <peer>        ... or did not within 60 tries
+#
+# Lines starting VMSHIM-GUEST-WARNING: say what did not work (a module, the
+# power button, httpd, the agent's port or qemu-ga itself).
 #
 # The mode comes from /etc/vmshim-mode (baked into the initramfs), overridden
 # by vmshim.mode=wait|poweroff on the kernel command line.
@@ -77,6 +83,57 @@ arm_power_button() {
 		done
 	done
 	[ "$armed" -gt 0 ] || echo "VMSHIM-GUEST-WARNING: no power button input device"
+}
+
+# start_agent starts qemu-ga on the virtio-serial port named
+# org.qemu.guest_agent.0, linked as /dev/virtio-ports/org.qemu.guest_agent.0
+# as udev would, and prints VMSHIM-AGENT-STARTED once qemu-ga holds the
+# port open (its libraries loaded, ready for the host's commands). The
+# host names the port in a control message after virtio_console binds, so
+# the port is waited for (5 s at most) if a virtio-serial device is bound.
+# Guest-exec'd commands inherit PATH=/bin.
+start_agent() {
+	agent_port=org.qemu.guest_agent.0
+	port=
+	if ls -d /sys/bus/virtio/drivers/virtio_console/virtio* >/dev/null 2>&1; then
+		for _ in $(seq 50); do
+			for p in /sys/class/virtio-ports/vport*; do
+				if [ "$(cat "$p/name" 2>/dev/null)" = "$agent_port" ]; then
+					port=${p##*/}
+					break 2
+				fi
+			done
+			sleep 0.1
+		done
+	fi
+	if [ -z "$port" ]; then
+		echo "VMSHIM-GUEST-WARNING: no virtio-serial port $agent_port; qemu-ga not started"
+		return
+	fi
+	if [ ! -c "/dev/$port" ]; then
+		IFS=: read -r major minor <"/sys/class/virtio-ports/$port/dev"
+		mknod "/dev/$port" c "$major" "$minor"
+	fi
+	mkdir -p /dev/virtio-ports /run/qemu-ga
+	ln -sf "../$port" "/dev/virtio-ports/$agent_port"
+	# stderr is kept in /run/qemu-ga/stderr, to explain an early exit.
+	/usr/sbin/qemu-ga -m virtio-serial -p "/dev/virtio-ports/$agent_port" -t /run/qemu-ga \
+		</dev/null >/dev/null 2>/run/qemu-ga/stderr &
+	agent_pid=$!
+	for _ in $(seq 100); do
+		for fd in /proc/"$agent_pid"/fd/*; do
+			if [ "$(readlink "$fd" 2>/dev/null)" = "/dev/$port" ]; then
+				echo VMSHIM-AGENT-STARTED
+				return
+			fi
+		done
+		if ! kill -0 "$agent_pid" 2>/dev/null; then
+			echo "VMSHIM-GUEST-WARNING: qemu-ga exited: $(head -c 200 /run/qemu-ga/stderr | tr '\n' ' ')"
+			return
+		fi
+		sleep 0.05
+	done
+	echo "VMSHIM-GUEST-WARNING: qemu-ga did not open /dev/$port in 5 s"
 }
 
 # echo_console answers every console line; "poweroff" powers off.
@@ -183,6 +240,7 @@ done
 
 load_modules
 arm_power_button
+[ ! -x /usr/sbin/qemu-ga ] || start_agent
 # No local echo: the console shows only what the guest writes.
 stty -echo </dev/console 2>/dev/null
 echo_console &
