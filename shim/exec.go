@@ -48,11 +48,12 @@ type execProcess struct {
 	cancel     context.CancelFunc // stops collecting stdin and polling
 	ctx        context.Context
 
-	mu       sync.Mutex // guards st, pid, exitCode, exitedAt and ending
+	mu       sync.Mutex // guards st, pid, exitCode, exitedAt, starting and ending
 	st       state      // created, running, stopped or deleted
 	pid      int        // guest pid once started
 	exitCode int
 	exitedAt time.Time
+	starting bool          // start is calling the agent
 	ending   bool          // the exit is being recorded
 	exited   chan struct{} // closed once stopped and the exit published
 	onExit   func(*execProcess)
@@ -83,34 +84,45 @@ func newExec(ctx context.Context, taskID, id string, spec []byte, io stdio, agen
 
 // start runs the program. With stdin, the program starts once stdin ends
 // (the agent takes all input up front), so start returns before that
-// with pid 0.
+// with pid 0. The agent is called without e.mu held.
 func (e *execProcess) start(ctx context.Context) (int, error) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.st != stateCreated {
+	if e.st != stateCreated || e.starting {
+		defer e.mu.Unlock()
 		return 0, fmt.Errorf("exec %s is %s, not created: %w", e.id, e.st, errdefs.ErrFailedPrecondition)
 	}
+	e.starting = true
+	e.mu.Unlock()
+
 	cctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
 	defer cancel()
+	var pid int
+	var err error
 	if e.stdio.stdin != "" {
-		if err := e.agent.Ping(cctx); err != nil {
-			return 0, fmt.Errorf("exec %s: %w", e.id, err)
-		}
-		if err := e.transition(stateRunning); err != nil {
-			return 0, err
-		}
-		go e.runWithInput()
-		return 0, nil
+		err = e.agent.Ping(cctx)
+	} else {
+		pid, err = e.agent.Exec(cctx, e.command(nil))
 	}
-	pid, err := e.agent.Exec(cctx, e.command(nil))
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.starting = false
 	if err != nil {
 		return 0, fmt.Errorf("exec %s: %w", e.id, err)
 	}
 	e.pid = pid
 	if err := e.transition(stateRunning); err != nil {
+		// Killed while starting: the exec has ended already, so its
+		// program must not outlive it.
+		if pid > 0 {
+			go e.signalGuest(context.WithoutCancel(ctx), unix.SIGKILL, pid)
+		}
 		return 0, err
 	}
-	go e.poll(pid)
+	if pid == 0 {
+		go e.runWithInput()
+	} else {
+		go e.poll(pid)
+	}
 	return pid, nil
 }
 
@@ -282,12 +294,7 @@ func (e *execProcess) kill(ctx context.Context, sig uint32) error {
 	}
 	var err error
 	if pid > 0 {
-		cctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
-		_, err = e.agent.Exec(cctx, qemu.GuestCommand{Path: "kill", Args: []string{"-" + strconv.Itoa(int(sig)), strconv.Itoa(pid)}})
-		cancel()
-		if err != nil {
-			err = fmt.Errorf("signal exec %s: %w", e.id, err)
-		}
+		err = e.signalGuest(ctx, syscall.Signal(sig), pid)
 	}
 	if syscall.Signal(sig) != unix.SIGKILL {
 		if pid == 0 {
@@ -308,6 +315,17 @@ func (e *execProcess) kill(ctx context.Context, sig uint32) error {
 			e.finish(qemu.GuestExecStatus{Exited: true, ExitCode: 128 + int(unix.SIGKILL)})
 		}
 	}()
+	return nil
+}
+
+// signalGuest sends sig to the program's guest pid with the guest's kill.
+func (e *execProcess) signalGuest(ctx context.Context, sig syscall.Signal, pid int) error {
+	ctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
+	defer cancel()
+	_, err := e.agent.Exec(ctx, qemu.GuestCommand{Path: "kill", Args: []string{"-" + strconv.Itoa(int(sig)), strconv.Itoa(pid)}})
+	if err != nil {
+		return fmt.Errorf("signal exec %s: %w", e.id, err)
+	}
 	return nil
 }
 

@@ -133,20 +133,7 @@ func startVMIn(t *testing.T, ctx context.Context, netns string, boot ...string) 
 // test if QEMU exits or timeout passes first.
 func (v *vm) waitFor(prefix string, timeout time.Duration) string {
 	v.t.Helper()
-	deadline := time.After(timeout)
-	for {
-		select {
-		case line, ok := <-v.lines:
-			if !ok {
-				v.t.Fatalf("console closed before %q", prefix)
-			}
-			if strings.HasPrefix(line, prefix) {
-				return line
-			}
-		case <-deadline:
-			v.t.Fatalf("no %q on the console after %v", prefix, timeout)
-		}
-	}
+	return v.firstOf(timeout, prefix)
 }
 
 // waitForAll returns the first console line starting with each of
