@@ -3,11 +3,15 @@ package config
 import (
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
+
+	"sigs.k8s.io/yaml"
 )
 
 // AnnotationPrefix is the prefix of every annotation the shim reads.
@@ -22,15 +26,19 @@ const (
 	AnnotationUserData          = AnnotationPrefix + "user-data"
 	AnnotationSSHAuthorizedKeys = AnnotationPrefix + "ssh-authorized-keys"
 	AnnotationKernelCmdline     = AnnotationPrefix + "kernel-cmdline"
+	AnnotationNetworkConfig     = AnnotationPrefix + "network-config"
 )
 
 // MaxUserData is the largest vmshim.io/user-data value, in bytes.
 const MaxUserData = 64 << 10
 
+// MaxNetworkConfig is the largest vmshim.io/network-config value, in bytes.
+const MaxNetworkConfig = 64 << 10
+
 func knownAnnotation(k string) bool {
 	switch k {
 	case AnnotationVCPUs, AnnotationMemory, AnnotationDiskDriver, AnnotationRootDiskSize,
-		AnnotationUserData, AnnotationSSHAuthorizedKeys, AnnotationKernelCmdline:
+		AnnotationUserData, AnnotationSSHAuthorizedKeys, AnnotationKernelCmdline, AnnotationNetworkConfig:
 		return true
 	}
 	return false
@@ -50,6 +58,7 @@ type annotations struct {
 	userData      string
 	sshKeys       []string
 	kernelCmdline string
+	networkConfig string
 }
 
 func annotationErr(key, format string, args ...any) error {
@@ -108,18 +117,34 @@ func parseAnnotations(cfg Config, in map[string]string) (annotations, error) {
 		}
 		a.rootDiskSize = n
 	}
-	if v, ok := in[AnnotationUserData]; ok {
-		if len(v) > MaxUserData {
-			return a, annotationErr(AnnotationUserData, "%d bytes, more than %d", len(v), MaxUserData)
-		}
-		a.userData = v
-	}
 	if v, ok := in[AnnotationSSHAuthorizedKeys]; ok {
 		keys, err := parseSSHKeys(v)
 		if err != nil {
 			return a, annotationErr(AnnotationSSHAuthorizedKeys, "%v", err)
 		}
 		a.sshKeys = keys
+	}
+	if v, ok := in[AnnotationUserData]; ok {
+		if len(v) > MaxUserData {
+			return a, annotationErr(AnnotationUserData, "%d bytes, more than %d", len(v), MaxUserData)
+		}
+		if err := checkUserData(v, len(a.sshKeys) > 0); err != nil {
+			return a, annotationErr(AnnotationUserData, "%v", err)
+		}
+		if strings.TrimSpace(v) != "" {
+			a.userData = v
+		}
+	}
+	if v, ok := in[AnnotationNetworkConfig]; ok {
+		if len(v) > MaxNetworkConfig {
+			return a, annotationErr(AnnotationNetworkConfig, "%d bytes, more than %d", len(v), MaxNetworkConfig)
+		}
+		if err := checkNetworkConfig(v); err != nil {
+			return a, annotationErr(AnnotationNetworkConfig, "%v", err)
+		}
+		if strings.TrimSpace(v) != "" {
+			a.networkConfig = v
+		}
 	}
 	if v, ok := in[AnnotationKernelCmdline]; ok {
 		if msg := checkCmdline(v); msg != "" {
@@ -166,4 +191,131 @@ func looksLikeSSHKey(line string) bool {
 		return false
 	}
 	return string(blob[4:4+n]) == fields[0]
+}
+
+// cloudConfigLists are the cloud-config keys the shim appends to, so they
+// must be lists when the user's cloud-config has them.
+var cloudConfigLists = []string{"ssh_authorized_keys", "write_files", "mounts"}
+
+// checkUserData accepts a #cloud-config YAML mapping, a #! script or a MIME
+// multipart message (not with ssh keys, which the shim cannot merge into it);
+// blank means none.
+func checkUserData(v string, hasSSHKeys bool) error {
+	if strings.TrimSpace(v) == "" {
+		return nil
+	}
+	first, _, _ := strings.Cut(v, "\n")
+	first = strings.TrimRight(first, " \t\r")
+	switch {
+	case first == "#cloud-config":
+		doc, err := parseYAML(v)
+		if err != nil {
+			return fmt.Errorf("cloud-config is not valid YAML: %w", err)
+		}
+		if doc == nil {
+			return nil
+		}
+		m, ok := doc.(map[string]any)
+		if !ok {
+			return fmt.Errorf("cloud-config must be a YAML mapping, not %s", yamlKind(doc))
+		}
+		for _, k := range cloudConfigLists {
+			if x, ok := m[k]; ok && x != nil {
+				if _, ok := x.([]any); !ok {
+					return fmt.Errorf("cloud-config key %s must be a list, not %s", k, yamlKind(x))
+				}
+			}
+		}
+		return nil
+	case strings.HasPrefix(v, "#!"):
+		return nil
+	case isMIMEMultipart(v):
+		if hasSSHKeys {
+			return fmt.Errorf("MIME multipart user-data cannot be combined with %s", AnnotationSSHAuthorizedKeys)
+		}
+		if !hasMIMEVersion(v) {
+			return fmt.Errorf("MIME multipart user-data has no MIME-Version header (cloud-init needs it)")
+		}
+		return nil
+	}
+	return fmt.Errorf("user-data must start with #cloud-config or #!")
+}
+
+// isMIMEMultipart reports whether v starts with a multipart Content-Type header.
+func isMIMEMultipart(v string) bool {
+	const prefix = "content-type: multipart/"
+	return len(v) >= len(prefix) && strings.EqualFold(v[:len(prefix)], prefix)
+}
+
+// hasMIMEVersion reports whether the header block of the MIME message v has
+// a MIME-Version field.
+func hasMIMEVersion(v string) bool {
+	for _, line := range strings.Split(v, "\n") {
+		line = strings.TrimRight(line, "\r")
+		if line == "" {
+			return false
+		}
+		if k, _, ok := strings.Cut(line, ":"); ok && strings.EqualFold(strings.TrimSpace(k), "mime-version") {
+			return true
+		}
+	}
+	return false
+}
+
+// checkNetworkConfig accepts cloud-init network-config: a YAML mapping whose
+// version is 1 or 2; blank means none.
+func checkNetworkConfig(v string) error {
+	if strings.TrimSpace(v) == "" {
+		return nil
+	}
+	doc, err := parseYAML(v)
+	if err != nil {
+		return fmt.Errorf("not valid YAML: %w", err)
+	}
+	m, ok := doc.(map[string]any)
+	if !ok {
+		return fmt.Errorf("must be a YAML mapping with a version key, not %s", yamlKind(doc))
+	}
+	version, ok := m["version"]
+	if !ok {
+		return fmt.Errorf("has no version key (1 or 2)")
+	}
+	if n, ok := version.(json.Number); !ok || (n.String() != "1" && n.String() != "2") {
+		return fmt.Errorf("version must be 1 or 2")
+	}
+	return nil
+}
+
+// parseYAML decodes one YAML document the way sigs.k8s.io/yaml does (through
+// JSON, numbers kept as json.Number); errors are one line and name the line.
+func parseYAML(v string) (any, error) {
+	var doc any
+	useNumber := func(d *json.Decoder) *json.Decoder { d.UseNumber(); return d }
+	if err := yaml.Unmarshal([]byte(v), &doc, useNumber); err != nil {
+		msg := err.Error()
+		if i := strings.Index(msg, "yaml: "); i >= 0 {
+			msg = msg[i+len("yaml: "):]
+		}
+		return nil, errors.New(oneLine(msg))
+	}
+	return doc, nil
+}
+
+// yamlKind names the YAML type of a decoded value for error messages.
+func yamlKind(v any) string {
+	switch v.(type) {
+	case nil:
+		return "empty"
+	case map[string]any:
+		return "a mapping"
+	case []any:
+		return "a list"
+	case string:
+		return "a string"
+	case json.Number:
+		return "a number"
+	case bool:
+		return "a boolean"
+	}
+	return fmt.Sprintf("%T", v)
 }

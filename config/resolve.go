@@ -14,9 +14,10 @@ type VM struct {
 	VCPUs             int
 	MemoryMiB         int
 	DiskDriver        string
-	RootDiskSize      int64 // bytes; 0 = keep the image's size
-	UserData          string
+	RootDiskSize      int64  // bytes; 0 = keep the image's size
+	UserData          string // cloud-config, script or MIME multipart; "" = none
 	SSHAuthorizedKeys []string
+	NetworkConfig     string   // cloud-init network-config (v1 or v2 YAML); "" = DHCP on every NIC
 	KernelCmdline     string   // cfg.KernelCmdline + " " + annotation (trimmed)
 	Env               []string // spec.Process.Env
 	BootTimeout       time.Duration
@@ -45,6 +46,7 @@ func Resolve(cfg Config, id string, spec *specs.Spec) (*VM, error) {
 		RootDiskSize:      ann.rootDiskSize,
 		UserData:          ann.userData,
 		SSHAuthorizedKeys: ann.sshKeys,
+		NetworkConfig:     ann.networkConfig,
 		KernelCmdline:     cfg.KernelCmdline,
 		BootTimeout:       cfg.bootTimeout(),
 	}

@@ -132,8 +132,11 @@ func TestResolve(t *testing.T) {
 
 		// cloud-init
 		{name: "user data", spec: newSpec(withAnn(AnnotationUserData, "#cloud-config\n")), want: func(v *VM) { v.UserData = "#cloud-config\n" }},
-		{name: "user data limit", spec: newSpec(withAnn(AnnotationUserData, strings.Repeat("x", MaxUserData))), want: func(v *VM) { v.UserData = strings.Repeat("x", MaxUserData) }},
-		{name: "user data too big", spec: newSpec(withAnn(AnnotationUserData, strings.Repeat("x", MaxUserData+1))), wantErr: "annotation vmshim.io/user-data: 65537 bytes, more than 65536"},
+		{name: "user data limit", spec: newSpec(withAnn(AnnotationUserData, "#!"+strings.Repeat("x", MaxUserData-2))), want: func(v *VM) { v.UserData = "#!" + strings.Repeat("x", MaxUserData-2) }},
+		{name: "user data too big", spec: newSpec(withAnn(AnnotationUserData, "#!"+strings.Repeat("x", MaxUserData-1))), wantErr: "annotation vmshim.io/user-data: 65537 bytes, more than 65536"},
+		{name: "user data not cloud-init", spec: newSpec(withAnn(AnnotationUserData, "hello")), wantErr: "annotation vmshim.io/user-data: user-data must start with #cloud-config or #!"},
+		{name: "network config", spec: newSpec(withAnn(AnnotationNetworkConfig, "version: 2\n")), want: func(v *VM) { v.NetworkConfig = "version: 2\n" }},
+		{name: "network config too big", spec: newSpec(withAnn(AnnotationNetworkConfig, "version: 2\n"+strings.Repeat("#", MaxNetworkConfig))), wantErr: "annotation vmshim.io/network-config: 65547 bytes, more than 65536"},
 		{name: "ssh keys", spec: newSpec(withAnn(AnnotationSSHAuthorizedKeys, "\n"+k1+"\r\n\n  "+k2+"  \n")), want: func(v *VM) { v.SSHAuthorizedKeys = []string{k1, k2} }},
 		{name: "ssh keys empty", spec: newSpec(withAnn(AnnotationSSHAuthorizedKeys, "\n\n")), want: func(*VM) {}},
 		{name: "ssh key garbage", spec: newSpec(withAnn(AnnotationSSHAuthorizedKeys, k1+"\nhello world")), wantErr: `annotation vmshim.io/ssh-authorized-keys: line 2 is not an ssh public key ("type base64 [comment]")`},

@@ -82,6 +82,15 @@ func NetdevID(nicID string) string { return "net-" + nicID }
 // NICDeviceID is the qdev id of a NIC's guest device.
 func NICDeviceID(nicID string) string { return "nic-" + nicID }
 
+// FSDevID is the id of a share's 9p filesystem backend.
+func FSDevID(shareID string) string { return "fs-" + shareID }
+
+// ShareDeviceID is the qdev id of a share's virtio-9p device.
+func ShareDeviceID(shareID string) string { return "share-" + shareID }
+
+// VFIODeviceID is the qdev id of the i-th passed-through PCI function.
+func VFIODeviceID(i int) string { return "hostdev" + strconv.Itoa(i) }
+
 // BuildArgs validates s and returns QEMU's argv without argv[0].
 func BuildArgs(s Spec) ([]string, error) {
 	if err := s.Validate(); err != nil {
@@ -141,6 +150,14 @@ func BuildArgs(s Spec) ([]string, error) {
 	for _, n := range s.NICs {
 		args = append(args, nicArgs(n)...)
 	}
+	// Shares and passed-through functions come last, so adding one never
+	// moves the PCI slot, and with it the guest's name, of a disk or NIC.
+	for _, sh := range s.Shares {
+		args = append(args, shareArgs(sh)...)
+	}
+	for i, addr := range s.VFIO {
+		args = append(args, "-device", "vfio-pci,host="+addr+",id="+VFIODeviceID(i))
+	}
 	return args, nil
 }
 
@@ -181,7 +198,7 @@ func blockdevArgs(d Drive) []string {
 		top.Backing = jsonString(BaseNode(d.ID))
 	}
 	return append(args,
-		"-blockdev", fileNode(FileNode(d.ID), d.Path, d.ReadOnly).String(),
+		"-blockdev", protocolNode(d).String(),
 		"-blockdev", top.String(),
 	)
 }
@@ -213,6 +230,15 @@ func jsonString(s string) json.RawMessage {
 
 func fileNode(name, path string, readOnly bool) blockdev {
 	return withAccess(blockdev{Driver: "file", NodeName: name, Filename: path}, readOnly)
+}
+
+// protocolNode is a drive's top protocol node: a file, or a host block device.
+func protocolNode(d Drive) blockdev {
+	b := fileNode(FileNode(d.ID), d.Path, d.ReadOnly)
+	if d.HostDevice {
+		b.Driver = "host_device"
+	}
+	return b
 }
 
 func formatNode(name, file, format string, readOnly bool) blockdev {
@@ -264,5 +290,18 @@ func nicArgs(n NIC) []string {
 		"-netdev", fmt.Sprintf("tap,id=%s,fd=%d", NetdevID(n.ID), n.TapFD),
 		// romfile= drops the PXE option ROM: VMs never boot from the network.
 		"-device", fmt.Sprintf("virtio-net-pci,id=%s,netdev=%s,mac=%s,romfile=", NICDeviceID(n.ID), NetdevID(n.ID), mac),
+	}
+}
+
+// shareArgs renders a share's 9p backend and device. With security_model
+// none, QEMU creates files as itself and keeps no guest ownership metadata.
+func shareArgs(sh Share) []string {
+	fsdev := opts{"local", "id=" + FSDevID(sh.ID)}.add("path", sh.Path).add("security_model", "none")
+	if sh.ReadOnly {
+		fsdev = append(fsdev, "readonly=on")
+	}
+	return []string{
+		"-fsdev", fsdev.String(),
+		"-device", "virtio-9p-pci,id=" + ShareDeviceID(sh.ID) + ",fsdev=" + FSDevID(sh.ID) + ",mount_tag=" + sh.Tag,
 	}
 }

@@ -160,6 +160,78 @@ func TestBuildArgs(t *testing.T) {
 			},
 		},
 		{
+			name: "host block device",
+			modify: func(s *Spec) {
+				s.Drives = []Drive{
+					{ID: "vol", Path: "/dev/sdb", Format: "raw", HostDevice: true},
+					{ID: "rovol", Path: "/dev/mapper/a,b", Format: "raw", HostDevice: true, ReadOnly: true},
+				}
+			},
+			tail: []string{
+				"-blockdev", `{"driver":"host_device","node-name":"file-vol","filename":"/dev/sdb","discard":"unmap"}`,
+				"-blockdev", `{"driver":"raw","node-name":"disk-vol","file":"file-vol","discard":"unmap"}`,
+				"-device", "virtio-blk-pci,id=dev-vol,drive=disk-vol",
+				"-blockdev", `{"driver":"host_device","node-name":"file-rovol","filename":"/dev/mapper/a,b","read-only":true}`,
+				"-blockdev", `{"driver":"raw","node-name":"disk-rovol","file":"file-rovol","read-only":true}`,
+				"-device", "virtio-blk-pci,id=dev-rovol,drive=disk-rovol",
+			},
+		},
+		{
+			name: "shares",
+			modify: func(s *Spec) {
+				s.Shares = []Share{
+					{ID: "s0", Tag: "vmshim0", Path: "/var/lib/kubelet/pods/x/volumes/data"},
+					{ID: "s1", Tag: "vmshim1", Path: "/run/secrets", ReadOnly: true},
+				}
+			},
+			tail: []string{
+				"-fsdev", "local,id=fs-s0,path=/var/lib/kubelet/pods/x/volumes/data,security_model=none",
+				"-device", "virtio-9p-pci,id=share-s0,fsdev=fs-s0,mount_tag=vmshim0",
+				"-fsdev", "local,id=fs-s1,path=/run/secrets,security_model=none,readonly=on",
+				"-device", "virtio-9p-pci,id=share-s1,fsdev=fs-s1,mount_tag=vmshim1",
+			},
+		},
+		{
+			name: "share path with commas and = cannot add options",
+			modify: func(s *Spec) {
+				s.Shares = []Share{{ID: "s", Tag: "t", Path: "/srv/a,readonly=off,path=/etc", ReadOnly: true}}
+			},
+			tail: []string{
+				"-fsdev", "local,id=fs-s,path=/srv/a,,readonly=off,,path=/etc,security_model=none,readonly=on",
+				"-device", "virtio-9p-pci,id=share-s,fsdev=fs-s,mount_tag=t",
+			},
+		},
+		{
+			name: "vfio",
+			modify: func(s *Spec) {
+				s.VFIO = []string{"0000:01:00.0", "0000:01:00.1", "abcd:ff:1f.7"}
+			},
+			tail: []string{
+				"-device", "vfio-pci,host=0000:01:00.0,id=hostdev0",
+				"-device", "vfio-pci,host=0000:01:00.1,id=hostdev1",
+				"-device", "vfio-pci,host=abcd:ff:1f.7,id=hostdev2",
+			},
+		},
+		{
+			name: "shares and vfio follow disks and nics",
+			modify: func(s *Spec) {
+				s.VFIO = []string{"0000:65:00.0"}
+				s.Shares = []Share{{ID: "s0", Tag: "vmshim0", Path: "/srv"}}
+				s.NICs = []NIC{{ID: "eth0", TapFD: 3, MAC: "02:00:00:00:00:01"}}
+				s.Drives = []Drive{{ID: "seed", Path: "/c/seed.img", Format: "raw", ReadOnly: true}}
+			},
+			tail: []string{
+				"-blockdev", `{"driver":"file","node-name":"file-seed","filename":"/c/seed.img","read-only":true}`,
+				"-blockdev", `{"driver":"raw","node-name":"disk-seed","file":"file-seed","read-only":true}`,
+				"-device", "virtio-blk-pci,id=dev-seed,drive=disk-seed",
+				"-netdev", "tap,id=net-eth0,fd=3",
+				"-device", "virtio-net-pci,id=nic-eth0,netdev=net-eth0,mac=02:00:00:00:00:01,romfile=",
+				"-fsdev", "local,id=fs-s0,path=/srv,security_model=none",
+				"-device", "virtio-9p-pci,id=share-s0,fsdev=fs-s0,mount_tag=vmshim0",
+				"-device", "vfio-pci,host=0000:65:00.0,id=hostdev0",
+			},
+		},
+		{
 			name:   "guest agent port",
 			modify: func(s *Spec) { s.AgentSocket = "/run/vmshim/pod-1/agent,1.sock" },
 			tail: []string{

@@ -53,6 +53,8 @@ const (
 	MaxSerialLen = 20
 	// MaxNameLen bounds the guest name.
 	MaxNameLen = 253
+	// MaxTagLen is the longest 9p mount tag QEMU's virtio-9p device accepts.
+	MaxTagLen = 31
 )
 
 // Drive is one guest block device, its image format pinned (never probed).
@@ -70,6 +72,7 @@ type Drive struct {
 	Driver        string // "virtio-blk" (default when empty), "virtio-scsi", "nvme"
 	BootIndex     int    // 0 = not a boot device; otherwise bootindex=N
 	Serial        string // optional device serial (defaults to ID for nvme, which needs one)
+	HostDevice    bool   // Path is a host block device, opened with QEMU's host_device driver; Format must be raw
 }
 
 // NIC is one guest network card backed by an already-open tap fd.
@@ -77,6 +80,14 @@ type NIC struct {
 	ID    string // [a-z0-9-]+
 	TapFD int    // fd number as QEMU sees it (see FDSet)
 	MAC   string // aa:bb:cc:dd:ee:ff
+}
+
+// Share is a host directory exported to the guest over virtio-9p.
+type Share struct {
+	ID       string // [a-z0-9-]+, unique; used for the fsdev and device ids
+	Tag      string // [a-z0-9-]+, unique, at most MaxTagLen bytes; the guest mounts the share by this tag
+	Path     string // host directory, absolute and clean
+	ReadOnly bool   // QEMU refuses every write, whatever the guest mounts
 }
 
 // Spec describes one VM; BuildArgs turns it into a QEMU command line.
@@ -95,6 +106,8 @@ type Spec struct {
 	Sandbox     bool   // -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny
 	Paused      bool   // -S: start with vCPUs stopped (containerd create → start)
 	AgentSocket string // unix socket path QEMU listens on for the guest agent's virtio-serial port; "" = none
+	Shares      []Share
+	VFIO        []string // host PCI functions to pass through, as DDDD:BB:DD.F in lower-case hex
 }
 
 // maxUnixPath is the room for a path in sockaddr_un, less the NUL.
@@ -140,7 +153,13 @@ func (s Spec) Validate() error {
 	if err := validateDrives(s.Drives); err != nil {
 		return err
 	}
-	return validateNICs(s.NICs)
+	if err := validateNICs(s.NICs); err != nil {
+		return err
+	}
+	if err := validateShares(s.Shares); err != nil {
+		return err
+	}
+	return validateVFIO(s.VFIO)
 }
 
 func (s Spec) validateBoot() error {
@@ -194,6 +213,9 @@ func (d Drive) validate(field string) error {
 	}
 	if err := checkFormat(field+" format", d.Format); err != nil {
 		return err
+	}
+	if d.HostDevice && d.Format != FormatRaw {
+		return invalid(field+" format", "a host device must be %s, not %s", FormatRaw, d.Format)
 	}
 	if err := checkPath(field+" backing path", d.BackingPath, false); err != nil {
 		return err
@@ -254,6 +276,71 @@ func validateNICs(nics []NIC) error {
 	return nil
 }
 
+func validateShares(shares []Share) error {
+	ids := map[string]bool{}
+	tags := map[string]string{}
+	for i, sh := range shares {
+		field := fmt.Sprintf("share[%d]", i)
+		if err := checkID(field+" id", sh.ID); err != nil {
+			return err
+		}
+		field = fmt.Sprintf("share %q", sh.ID)
+		if ids[sh.ID] {
+			return invalid(field+" id", "duplicate")
+		}
+		ids[sh.ID] = true
+		if !isIDText(sh.Tag) {
+			return invalid(field+" tag", "%q does not match [a-z0-9-]+", sh.Tag)
+		}
+		if len(sh.Tag) > MaxTagLen {
+			return invalid(field+" tag", "%q is longer than %d bytes", sh.Tag, MaxTagLen)
+		}
+		if other, ok := tags[sh.Tag]; ok {
+			return invalid(field+" tag", "%q is also the tag of share %q", sh.Tag, other)
+		}
+		tags[sh.Tag] = sh.ID
+		if err := checkPath(field+" path", sh.Path, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validateVFIO(addrs []string) error {
+	seen := map[string]bool{}
+	for i, a := range addrs {
+		field := fmt.Sprintf("vfio[%d]", i)
+		if err := checkPCIAddress(a); err != nil {
+			return invalid(field, "%v", err)
+		}
+		if seen[a] {
+			return invalid(field, "%s is listed twice", a)
+		}
+		seen[a] = true
+	}
+	return nil
+}
+
+// checkPCIAddress checks that a is a PCI function address as sysfs
+// names it: DDDD:BB:DD.F in lower-case hex, device at most 1f, function at most 7.
+func checkPCIAddress(a string) error {
+	if len(a) != len("0000:00:00.0") || a[4] != ':' || a[7] != ':' || a[10] != '.' {
+		return fmt.Errorf("%q is not a pci address DDDD:BB:DD.F", a)
+	}
+	for _, i := range []int{0, 1, 2, 3, 5, 6, 8, 9, 11} {
+		if c := a[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return fmt.Errorf("%q is not a pci address DDDD:BB:DD.F in lower-case hex", a)
+		}
+	}
+	if a[8] > '1' {
+		return fmt.Errorf("%q has a device number above 1f", a)
+	}
+	if a[11] > '7' {
+		return fmt.Errorf("%q has a function number above 7", a)
+	}
+	return nil
+}
+
 // canonicalMAC parses a unicast Ethernet MAC and returns it as aa:bb:cc:dd:ee:ff.
 func canonicalMAC(s string) (string, error) {
 	hw, err := net.ParseMAC(s)
@@ -269,10 +356,15 @@ func canonicalMAC(s string) (string, error) {
 	return hw.String(), nil
 }
 
-func checkID(field, id string) error {
-	if id == "" || strings.IndexFunc(id, func(r rune) bool {
+// isIDText reports whether s matches [a-z0-9-]+.
+func isIDText(s string) bool {
+	return s != "" && strings.IndexFunc(s, func(r rune) bool {
 		return (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-'
-	}) >= 0 {
+	}) < 0
+}
+
+func checkID(field, id string) error {
+	if !isIDText(id) {
 		return invalid(field, "%q does not match [a-z0-9-]+", id)
 	}
 	if len(id) > MaxIDLen {
