@@ -226,7 +226,7 @@ func relTo(root, p string) string {
 	return "/" + filepath.ToSlash(r)
 }
 
-// name returns p as a path inside the rootfs when Root is set.
-func (b *Boot) name(p string) string {
+// InImage returns p as a path inside the image's rootfs when Root is set.
+func (b *Boot) InImage(p string) string {
 	return relTo(b.Root, p)
 }

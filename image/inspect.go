@@ -65,7 +65,7 @@ func Inspect(ctx context.Context, qemuImg string, b *Boot, lim Limits) (*Info, e
 	if b == nil || b.Disk == "" {
 		return nil, invalidf("inspect: no disk (kernel boot has nothing to inspect)")
 	}
-	name := b.name(b.Disk)
+	name := b.InImage(b.Disk)
 	if b.Format != FormatQCOW2 && b.Format != FormatRaw {
 		return nil, invalidf("disk %s: format %q is not qcow2 or raw", name, b.Format)
 	}

@@ -1,0 +1,271 @@
+package image
+
+import (
+	"bytes"
+	"encoding/binary"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	"github.com/diskfs/go-diskfs/backend/file"
+	"github.com/diskfs/go-diskfs/filesystem/iso9660"
+)
+
+// seedFiles is a typical seed, with a user-data spanning several blocks.
+func seedFiles() map[string][]byte {
+	return map[string][]byte{
+		SeedMetaData:      []byte("instance-id: \"i-1\"\nlocal-hostname: \"vm1\"\n"),
+		SeedUserData:      []byte("#cloud-config\nruncmd:\n" + strings.Repeat("  - \"echo a long line to span blocks\"\n", 200)),
+		SeedNetworkConfig: []byte("version: 2\n"),
+	}
+}
+
+func TestWriteSeed(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "seed.iso")
+	files := seedFiles()
+	if err := WriteSeed(path, files); err != nil {
+		t.Fatalf("WriteSeed() error = %v", err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("mode = %v, want 0600", st.Mode().Perm())
+	}
+	if st.Size()%isoBlockSize != 0 {
+		t.Errorf("size %d is not whole %d-byte blocks", st.Size(), isoBlockSize)
+	}
+	assertOnly(t, dir, "seed.iso")
+	img, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("raw", func(t *testing.T) {
+		label, joliet, got := parseISO(t, img)
+		if label != SeedLabel {
+			t.Errorf("volume identifier = %q, want %q", label, SeedLabel)
+		}
+		if !joliet {
+			t.Errorf("no Joliet volume descriptor")
+		}
+		if !reflect.DeepEqual(got, files) {
+			t.Errorf("Rock Ridge files = %q, want %q", names(got), names(files))
+		}
+	})
+	t.Run("go-diskfs", func(t *testing.T) {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		fs, err := iso9660.Read(file.New(f, true), st.Size(), 0, isoBlockSize)
+		if err != nil {
+			t.Fatalf("read iso9660: %v", err)
+		}
+		if label := strings.TrimRight(fs.Label(), " \x00"); label != SeedLabel {
+			t.Errorf("Label() = %q, want %q", label, SeedLabel)
+		}
+		entries, err := fs.ReadDir(".")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string][]byte{}
+		for _, e := range entries {
+			if got[e.Name()], err = fs.ReadFile(e.Name()); err != nil {
+				t.Fatalf("read %s: %v", e.Name(), err)
+			}
+		}
+		if !reflect.DeepEqual(got, files) {
+			t.Errorf("files = %q, want %q", names(got), names(files))
+		}
+	})
+	t.Run("blkid", func(t *testing.T) {
+		blkid, err := exec.LookPath("blkid")
+		if err != nil {
+			t.Skip("no blkid")
+		}
+		for tag, want := range map[string]string{"LABEL": SeedLabel, "TYPE": "iso9660"} {
+			out, err := exec.Command(blkid, "-p", "-o", "value", "-s", tag, path).Output()
+			if err != nil {
+				t.Fatalf("blkid -s %s: %v", tag, err)
+			}
+			if got := strings.TrimSpace(string(out)); got != want {
+				t.Errorf("blkid %s = %q, want %q", tag, got, want)
+			}
+		}
+	})
+	t.Run("mount", func(t *testing.T) { checkMount(t, path, files) })
+}
+
+func TestWriteSeedReplaces(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "seed.iso")
+	if err := os.WriteFile(path, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{SeedMetaData: []byte("instance-id: \"i-2\"\n"), SeedUserData: []byte("#cloud-config\n{}\n")}
+	if err := WriteSeed(path, files); err != nil {
+		t.Fatalf("WriteSeed() error = %v", err)
+	}
+	img, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, got := parseISO(t, img); !reflect.DeepEqual(got, files) {
+		t.Errorf("files = %q, want %q", got, files)
+	}
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("stat = %v, %v; want mode 0600", st, err)
+	}
+	assertOnly(t, dir, "seed.iso")
+}
+
+func TestWriteSeedErrors(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"", "a/b", ".", "..", "a\x00"} {
+		err := WriteSeed(filepath.Join(dir, "seed.iso"), map[string][]byte{name: nil})
+		if !errdefs.IsInvalidArgument(err) {
+			t.Errorf("WriteSeed(%q) error = %v, want invalid argument", name, err)
+		}
+	}
+	if err := WriteSeed(filepath.Join(dir, "missing", "seed.iso"), seedFiles()); err == nil {
+		t.Errorf("WriteSeed() into a missing directory succeeded")
+	}
+	assertOnly(t, dir)
+}
+
+// assertOnly checks dir holds exactly the named entries (no temp files).
+func assertOnly(t *testing.T, dir string, want ...string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Name())
+	}
+	if !reflect.DeepEqual(got, want) && (len(got) > 0 || len(want) > 0) {
+		t.Errorf("%s holds %q, want %q", dir, got, want)
+	}
+}
+
+func names(files map[string][]byte) []string {
+	var out []string
+	for n := range files {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// parseISO reads an ISO9660 image without go-diskfs: the primary volume
+// identifier, whether a Joliet descriptor is present, and the root
+// directory's regular files by their Rock Ridge (NM) names.
+func parseISO(t *testing.T, img []byte) (label string, joliet bool, files map[string][]byte) {
+	t.Helper()
+	sector := func(n uint32) []byte {
+		off := int(n) * isoBlockSize
+		if off+isoBlockSize > len(img) {
+			t.Fatalf("sector %d is past the end of the image (%d bytes)", n, len(img))
+		}
+		return img[off : off+isoBlockSize]
+	}
+	var pvd []byte
+	for n := uint32(16); ; n++ {
+		vd := sector(n)
+		if string(vd[1:6]) != "CD001" {
+			t.Fatalf("sector %d is not a volume descriptor", n)
+		}
+		switch vd[0] {
+		case 1:
+			pvd = vd
+		case 2:
+			esc := string(vd[88:91])
+			joliet = joliet || esc == "%/@" || esc == "%/C" || esc == "%/E"
+		}
+		if vd[0] == 255 {
+			break
+		}
+	}
+	if pvd == nil {
+		t.Fatal("no primary volume descriptor")
+	}
+	// The standard pads with blanks; go-diskfs pads with NULs, which blkid
+	// (and so cloud-init) trims as well.
+	label = strings.TrimRight(string(pvd[40:72]), " \x00")
+	root := pvd[156:190]
+	extent, size := binary.LittleEndian.Uint32(root[2:]), binary.LittleEndian.Uint32(root[10:])
+	files = map[string][]byte{}
+	for off := uint32(0); off < size; {
+		rec := img[int(extent)*isoBlockSize+int(off):]
+		if rec[0] == 0 { // records do not cross sectors
+			off = (off/isoBlockSize + 1) * isoBlockSize
+			continue
+		}
+		n := uint32(rec[0])
+		rec, off = rec[:n], off+n
+		nameLen := int(rec[32])
+		if rec[25]&2 != 0 { // directory, including . and ..
+			continue
+		}
+		su := rec[33+nameLen+(1-nameLen%2):]
+		var name []byte
+		for len(su) >= 4 && su[2] >= 4 && int(su[2]) <= len(su) {
+			if string(su[:2]) == "NM" {
+				name = append(name, su[5:su[2]]...)
+			}
+			su = su[su[2]:]
+		}
+		if name == nil {
+			t.Fatalf("file %q has no Rock Ridge name", rec[33:33+nameLen])
+		}
+		start, length := binary.LittleEndian.Uint32(rec[2:]), binary.LittleEndian.Uint32(rec[10:])
+		files[string(name)] = bytes.Clone(img[int(start)*isoBlockSize : int(start)*isoBlockSize+int(length)])
+	}
+	return label, joliet, files
+}
+
+// checkMount loop-mounts the image read-only and compares the files; it
+// skips unless root with loop devices and iso9660 support.
+func checkMount(t *testing.T, path string, want map[string][]byte) {
+	if os.Geteuid() != 0 {
+		t.Skip("not root")
+	}
+	if fss, err := os.ReadFile("/proc/filesystems"); err != nil || !bytes.Contains(fss, []byte("iso9660")) {
+		t.Skip("the kernel has no iso9660 support")
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		t.Skip("no loop devices")
+	}
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-o", "loop,ro", "-t", "iso9660", path, mnt).CombinedOutput(); err != nil {
+		t.Skipf("mount: %v: %s", err, out)
+	}
+	defer func() {
+		if out, err := exec.Command("umount", "-d", mnt).CombinedOutput(); err != nil {
+			t.Errorf("umount: %v: %s", err, out)
+		}
+	}()
+	got := map[string][]byte{}
+	entries, err := os.ReadDir(mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if got[e.Name()], err = os.ReadFile(filepath.Join(mnt, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("mounted files = %q, want %q", names(got), names(want))
+	}
+}
