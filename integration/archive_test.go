@@ -43,13 +43,27 @@ func writeArchive(dst, ref string, files map[string][]byte) (retErr error) {
 	}
 	check(tw.Close())
 
+	if retErr != nil {
+		return retErr
+	}
+	return writeLayerArchive(dst, ref, layer.Bytes())
+}
+
+// writeLayerArchive writes an OCI image archive named ref with one
+// uncompressed layer.
+func writeLayerArchive(dst, ref string, layer []byte) (retErr error) {
+	check := func(err error) {
+		if err != nil && retErr == nil {
+			retErr = err
+		}
+	}
 	blobs := map[digest.Digest][]byte{}
 	add := func(mediaType string, data []byte) ocispec.Descriptor {
 		d := digest.FromBytes(data)
 		blobs[d] = data
 		return ocispec.Descriptor{MediaType: mediaType, Digest: d, Size: int64(len(data))}
 	}
-	layerDesc := add(ocispec.MediaTypeImageLayer, layer.Bytes())
+	layerDesc := add(ocispec.MediaTypeImageLayer, layer)
 	cfg, err := json.Marshal(ocispec.Image{
 		Platform: ocispec.Platform{Architecture: "amd64", OS: "linux"},
 		Config:   ocispec.ImageConfig{Cmd: []string{"/vm"}},

@@ -134,6 +134,10 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 	if qs.Accel, err = l.accel(ctx, cfg.Accel, binary); err != nil {
 		return nil, err
 	}
+	if err := hostDevices(ctx, spec, desc.DiskDriver, &qs); err != nil {
+		return nil, err
+	}
+	mounts := shares(ctx, spec, &qs)
 
 	guestEnd, shimEnd, err := consolePair()
 	if err != nil {
@@ -175,6 +179,16 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 			qs.NICs = append(qs.NICs, qemu.NIC{ID: fmt.Sprintf("net%d", i), TapFD: fds.Add(nic.Tap), MAC: nic.MAC.String()})
 		}
 	}
+
+	var nics []network.NIC
+	if netw != nil {
+		nics = netw.NICs()
+	}
+	seed, err := seedDrive(ns, spec, desc, rec, rootfs, mounts, nics)
+	if err != nil {
+		return nil, err
+	}
+	qs.Drives = append(qs.Drives, seed)
 
 	limits := &cgroupLimits{guest: int64(desc.MemoryMiB) << 20, overhead: cfg.MemoryOverheadBytes(), memLimit: specMemoryLimit(spec)}
 	if err := limits.create(ctx, spec, rec); err != nil {
@@ -229,6 +243,10 @@ func rootDrive(ctx context.Context, cfg config.Config, desc *config.VM, boot *im
 	info, err := image.Inspect(ctx, cfg.QEMUImg, boot, image.Limits{MaxVirtualSize: cfg.MaxDiskBytes()})
 	if err != nil {
 		return qemu.Drive{}, err
+	}
+	if desc.RootDiskSize > 0 && desc.RootDiskSize < info.VirtualSize {
+		return qemu.Drive{}, fmt.Errorf("annotation %s: %d bytes is smaller than the image's disk %s (%d bytes); disks can only grow: %w",
+			config.AnnotationRootDiskSize, desc.RootDiskSize, boot.InImage(boot.Disk), info.VirtualSize, errdefs.ErrInvalidArgument)
 	}
 	rec.Overlay = filepath.Join(rootfs, overlayDir, "root.qcow2")
 	if err = rec.save(); err != nil {

@@ -30,6 +30,7 @@ type record struct {
 	RuntimeDir string `json:"runtime_dir,omitempty"` // QMP socket and other runtime files
 	Rootfs     string `json:"rootfs,omitempty"`      // set while the shim holds the rootfs mounted
 	Overlay    string `json:"overlay,omitempty"`     // qcow2 overlay in the writable layer
+	Seed       string `json:"seed,omitempty"`        // cloud-init seed in the writable layer
 	Pid        int    `json:"pid,omitempty"`         // the task's process: QEMU, or a sandbox's pause process
 	PidStart   uint64 `json:"pid_start,omitempty"`   // its start time in clock ticks, guards against pid reuse
 	Cgroup     string `json:"cgroup,omitempty"`      // the cgroup the task's process runs in (OCI cgroupsPath)
@@ -92,11 +93,14 @@ func (r *record) release(ctx context.Context) {
 			logger.WithError(err).Warn("remove runtime dir")
 		}
 	}
-	if r.Overlay != "" {
-		if err := os.Remove(r.Overlay); err != nil && !errors.Is(err, os.ErrNotExist) {
-			logger.WithError(err).Warn("remove disk overlay")
+	for what, p := range map[string]string{"disk overlay": r.Overlay, "cloud-init seed": r.Seed} {
+		if p == "" {
+			continue
 		}
-		_ = os.Remove(filepath.Dir(r.Overlay)) // the overlay's own directory, when empty
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			logger.WithError(err).Warn("remove " + what)
+		}
+		_ = os.Remove(filepath.Dir(p)) // their own directory, once empty
 	}
 	if r.Rootfs != "" {
 		if err := mount.UnmountRecursive(r.Rootfs, 0); err != nil {

@@ -6,8 +6,9 @@
 # OUTDIR receives vmlinuz (the Debian bzImage), vmlinux (its uncompressed ELF,
 # for fast QEMU -kernel boots through the PVH entry),
 # initrd-{wait,poweroff,agent}.img (busybox initramfs running init.sh, with
-# udhcpc.sh as the DHCP client's script and the virtio NIC modules; the agent
-# flavour boots like wait and also carries qemu-ga), disk-{wait,poweroff}.qcow2
+# udhcpc.sh as the DHCP client's script, the virtio NIC modules and the
+# virtio-blk, virtio-scsi and NVMe disk modules; the agent flavour boots like
+# wait and also carries qemu-ga), disk-{wait,poweroff}.qcow2
 # (BIOS-bootable disks: MBR, FAT16, syslinux) and five OCI archives made with
 # vmshim-pack: disk-{wait,poweroff}.tar and kernel-{wait,poweroff,agent}.tar.
 #
@@ -319,6 +320,12 @@ build_initrd() {
 	# which Debian builds in (CONFIG_PACKET=y); af_packet is added in case
 	# a kernel has them as a module.
 	for m in virtio_pci virtio_net af_packet; do
+		add_module "$tree" "$m" "$root/lib/modules" "$root/lib/modules/order"
+	done
+	# The disk drivers the shim can attach a disk with: virtio_blk;
+	# virtio_scsi with sd_mod (and scsi_mod, scsi_common, t10-pi and the
+	# CRC modules it needs); nvme with nvme-core.
+	for m in virtio_blk virtio_scsi sd_mod nvme; do
 		add_module "$tree" "$m" "$root/lib/modules" "$root/lib/modules/order"
 	done
 	if [ "$flavour" = agent ]; then

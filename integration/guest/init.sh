@@ -2,6 +2,12 @@
 # /init of the vmshim test guest: busybox sh as PID 1 in an initramfs.
 #
 # Markers on the console (ttyS0), one per line:
+#   VMSHIM-DISKS <disk>...         the block devices, each name:sectors[:ro]
+#                                  (512-byte sectors; ro when read-only), sorted
+#                                  by name, ram*, loop* and zram* left out; "-"
+#                                  when there are none (before BOOTED)
+#   VMSHIM-CMDLINE <cmdline>       the kernel command line, /proc/cmdline (before
+#                                  BOOTED)
 #   VMSHIM-AGENT-STARTED           qemu-ga runs on the virtio-serial port
 #                                  org.qemu.guest_agent.0 (only in guests that
 #                                  carry /usr/sbin/qemu-ga; before BOOTED)
@@ -46,13 +52,70 @@ power_off() {
 }
 
 # load_modules inserts the modules listed in /lib/modules/order, dependencies
-# first (the ACPI button driver, evdev and the virtio NIC driver, unless
-# built in).
+# first (the ACPI button driver, evdev, the virtio NIC driver and the
+# virtio-blk, virtio-scsi and NVMe disk drivers, unless built in).
 load_modules() {
 	[ -f /lib/modules/order ] || return 0
 	while read -r m; do
 		insmod "/lib/modules/$m" || echo "VMSHIM-GUEST-WARNING: insmod $m failed"
 	done </lib/modules/order
+}
+
+# storage_devices prints the sysfs paths of the PCI devices the disk drivers
+# drive: virtio-blk and virtio-scsi (vendor 0x1af4, transitional and modern
+# device ids) and NVMe controllers (class 0x010802).
+storage_devices() {
+	for d in /sys/bus/pci/devices/*; do
+		[ -e "$d/class" ] || continue
+		read -r vendor <"$d/vendor"
+		read -r device <"$d/device"
+		read -r class <"$d/class"
+		case $vendor:$device:$class in
+		0x1af4:0x1001:* | 0x1af4:0x1042:* | 0x1af4:0x1004:* | 0x1af4:0x1048:* | *:*:0x010802)
+			readlink -f "$d"
+			;;
+		esac
+	done
+}
+
+# wait_disks waits, 3 s at most, until each storage device has a block
+# device under it: SCSI and NVMe find their disks asynchronously, after
+# insmod returns. Without such a device it returns at once.
+wait_disks() {
+	devices=$(storage_devices)
+	[ -n "$devices" ] || return 0
+	for _ in $(seq 30); do
+		missing=
+		for dev in $devices; do
+			found=
+			for b in /sys/block/*; do
+				case $(readlink -f "$b") in
+				"$dev"/*)
+					found=1
+					break
+					;;
+				esac
+			done
+			[ -n "$found" ] || missing=$dev
+		done
+		[ -n "$missing" ] || return 0
+		sleep 0.1
+	done
+}
+
+# report_disks prints VMSHIM-DISKS: every block device but ram*, loop* and
+# zram* as name:sectors, with :ro when read-only, sorted ("-" for none).
+report_disks() {
+	disks=
+	for b in /sys/block/*; do
+		[ -f "$b/size" ] || continue
+		name=${b##*/}
+		case $name in ram* | loop* | zram*) continue ;; esac
+		disk=$name:$(cat "$b/size")
+		[ "$(cat "$b/ro" 2>/dev/null)" != 1 ] || disk=$disk:ro
+		disks="$disks $disk"
+	done
+	echo "VMSHIM-DISKS${disks:- -}"
 }
 
 # arm_power_button starts one reader per "Power Button" input device. Each
@@ -239,6 +302,9 @@ for arg in $(cat /proc/cmdline); do
 done
 
 load_modules
+wait_disks
+report_disks
+echo "VMSHIM-CMDLINE $(cat /proc/cmdline)"
 arm_power_button
 [ ! -x /usr/sbin/qemu-ga ] || start_agent
 # No local echo: the console shows only what the guest writes.

@@ -1,0 +1,114 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/vmshim/vmshim/config"
+	"github.com/vmshim/vmshim/image"
+	"github.com/vmshim/vmshim/network"
+	"github.com/vmshim/vmshim/qemu"
+)
+
+// sysfsRoot is where the host's devices are looked up.
+const sysfsRoot = "/sys"
+
+// CRI annotations naming the pod a container belongs to.
+const (
+	sandboxUIDAnnotation = "io.kubernetes.cri.sandbox-uid"
+	sandboxIDAnnotation  = "io.kubernetes.cri.sandbox-id"
+)
+
+// hostEnv lists environment variables of the container that describe the
+// container, not the workload, and would only mislead the guest.
+var hostEnv = map[string]bool{"PATH": true, "HOME": true, "HOSTNAME": true, "TERM": true}
+
+// hostDevices adds the spec's block devices as extra disks and its VFIO
+// groups as PCI passthrough; other devices are left out.
+func hostDevices(ctx context.Context, spec *specs.Spec, driver string, qs *qemu.Spec) error {
+	devs, err := config.ResolveDevices(spec, sysfsRoot)
+	if err != nil {
+		return err
+	}
+	for i, b := range devs.Block {
+		qs.Drives = append(qs.Drives, qemu.Drive{
+			ID: fmt.Sprintf("blk%d", i), Path: b.HostPath, Format: "raw", HostDevice: true, Driver: driver,
+		})
+	}
+	qs.VFIO = devs.VFIO
+	if len(devs.Ignored) > 0 {
+		log.G(ctx).WithField("devices", strings.Join(devs.Ignored, " ")).Info("devices not given to the vm")
+	}
+	return nil
+}
+
+// shares exposes the container's volumes to the guest over virtio-9p and
+// returns them for the guest to mount.
+func shares(ctx context.Context, spec *specs.Spec, qs *qemu.Spec) []image.CloudMount {
+	list, skipped := config.ResolveShares(spec)
+	var mounts []image.CloudMount
+	for i, s := range list {
+		qs.Shares = append(qs.Shares, qemu.Share{ID: fmt.Sprintf("%d", i), Tag: s.Tag, Path: s.HostPath, ReadOnly: s.ReadOnly})
+		mounts = append(mounts, image.CloudMount{Tag: s.Tag, Path: s.GuestPath, ReadOnly: s.ReadOnly})
+	}
+	if len(skipped) > 0 {
+		log.G(ctx).WithField("mounts", strings.Join(skipped, "; ")).Info("mounts not shared with the vm")
+	}
+	return mounts
+}
+
+// seedDrive writes the VM's cloud-init NoCloud seed into the container's
+// writable layer (the record names it first) and returns its read-only
+// drive.
+func seedDrive(ns string, spec *specs.Spec, desc *config.VM, rec *record, rootfs string, mounts []image.CloudMount, nics []network.NIC) (qemu.Drive, error) {
+	ci := image.CloudInit{
+		InstanceID:    instanceID(ns, desc.ID, spec),
+		Hostname:      hostname(spec),
+		UserData:      desc.UserData,
+		SSHKeys:       desc.SSHAuthorizedKeys,
+		Mounts:        mounts,
+		NetworkConfig: desc.NetworkConfig,
+	}
+	for _, kv := range desc.Env {
+		if k, _, ok := strings.Cut(kv, "="); ok && !hostEnv[k] {
+			ci.Env = append(ci.Env, kv)
+		}
+	}
+	for _, n := range nics {
+		ci.MACs = append(ci.MACs, n.MAC.String())
+	}
+	files, err := ci.Files()
+	if err != nil {
+		return qemu.Drive{}, fmt.Errorf("cloud-init seed: %w", err)
+	}
+	rec.Seed = filepath.Join(rootfs, overlayDir, "seed.iso")
+	if err := rec.save(); err != nil {
+		return qemu.Drive{}, err
+	}
+	if err := os.MkdirAll(filepath.Dir(rec.Seed), 0o700); err != nil {
+		return qemu.Drive{}, fmt.Errorf("create seed dir: %w", err)
+	}
+	if err := image.WriteSeed(rec.Seed, files); err != nil {
+		return qemu.Drive{}, fmt.Errorf("cloud-init seed: %w", err)
+	}
+	return qemu.Drive{ID: "seed", Path: rec.Seed, Format: "raw", ReadOnly: true, Driver: config.DiskDriverVirtioBlk}, nil
+}
+
+// instanceID is stable for the pod, so cloud-init's once-per-instance
+// steps run once per pod, not at every container restart; outside a pod
+// it is the container's.
+func instanceID(ns, id string, spec *specs.Spec) string {
+	if uid := spec.Annotations[sandboxUIDAnnotation]; uid != "" {
+		return "vmshim-" + uid
+	}
+	if sid := spec.Annotations[sandboxIDAnnotation]; sid != "" {
+		return "vmshim-" + sid
+	}
+	return "vmshim-" + ns + "-" + id
+}
