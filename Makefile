@@ -17,7 +17,7 @@ CONTAINERD_DIR := $(VMSHIM_CACHE)/tools/containerd-$(CONTAINERD_VERSION)
 GUEST_DIR      := $(VMSHIM_CACHE)/guest
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: help build install setup guest unit integration test demo clean
+.PHONY: help build install setup guest cloud-guest unit integration test demo clean
 
 help: ## show this help
 	@awk -F':.*## ' '/^[a-z-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -35,11 +35,14 @@ setup: ## install Debian packages and build containerd (idempotent, cached)
 guest: setup build ## build the test guests from Debian packages (cached)
 	VMSHIM_PACK=$(BIN)/vmshim-pack integration/guest/build.sh $(GUEST_DIR)
 
+cloud-guest: guest ## build the Debian cloud-init test guest with debootstrap (cached)
+	VMSHIM_PACK=$(BIN)/vmshim-pack integration/guest/cloud.sh $(GUEST_DIR)
+
 unit: ## run the unit tests (those needing containerd use it once `make setup` built it)
 	$(GO) vet ./...
 	VMSHIM_CONTAINERD=$$([ -x $(CONTAINERD_DIR)/containerd ] && echo $(CONTAINERD_DIR)) $(GO) test -count=1 ./...
 
-integration: guest ## run the integration tests against a real containerd, QEMU and guests
+integration: guest cloud-guest ## run the integration tests against a real containerd, QEMU and guests
 	VMSHIM_INTEGRATION=1 VMSHIM_BIN=$(BIN) VMSHIM_CONTAINERD=$(CONTAINERD_DIR) VMSHIM_GUEST=$(GUEST_DIR) \
 		VMSHIM_GUEST_TEST=1 VMSHIM_GUEST_DIR=$(GUEST_DIR) \
 		$(GO) test -count=1 -timeout 40m -v ./integration/...

@@ -86,7 +86,7 @@ func importImages(ctx context.Context, d *daemon, guestDir string) error {
 		return err
 	}
 	archives := []string{pause}
-	for _, a := range []string{"disk-wait.tar", "disk-poweroff.tar", "kernel-wait.tar", "kernel-poweroff.tar", "kernel-agent.tar"} {
+	for _, a := range []string{"disk-wait.tar", "disk-poweroff.tar", "kernel-wait.tar", "kernel-poweroff.tar", "kernel-agent.tar", "disk-cloud.tar"} {
 		archives = append(archives, filepath.Join(guestDir, a))
 	}
 	for _, ns := range []string{testNamespace, criNamespace} {

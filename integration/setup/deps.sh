@@ -13,6 +13,7 @@ PACKAGES=(
 	busybox-static cpio                # test-guest initramfs
 	syslinux syslinux-common mtools fdisk dosfstools  # bootable test disk, no loop devices
 	xz-utils zstd binutils             # test-guest kernel extraction (xz/zstd, readelf)
+	debootstrap e2fsprogs debian-archive-keyring  # cloud test guest: Debian root fs, ext4 image without mounts
 	containernetworking-plugins iproute2 iptables     # CNI for pod networking
 	util-linux procps kmod
 )
