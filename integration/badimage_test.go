@@ -93,7 +93,7 @@ func TestBadImagesFailCleanly(t *testing.T) {
 			if len(lines) != 1 || !strings.Contains(lines[0], tc.want) {
 				t.Errorf("want one line naming %q, got:\n%s", tc.want, out)
 			}
-			t.Logf("ctr: %s", strings.Join(lines, " / "))
+			t.Logf("%s", strings.Join(lines, " / "))
 			assertNothingLeft(ctx, t, id)
 		})
 	}
