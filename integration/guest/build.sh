@@ -17,7 +17,8 @@
 # it needs from the packages it depends on (recursively). All are fetched
 # with apt-get download into a cache and unpacked, never installed. No loop
 # devices, no mounts, no network beyond apt. A second run with the same
-# script, init, vmshim-pack sources and package versions does nothing.
+# scripts (this one, lib.sh, init.sh, udhcpc.sh), vmshim-pack sources and
+# package versions does nothing.
 #
 # Environment: VMSHIM_PACK (vmshim-pack binary; default: built from the repo),
 # VMSHIM_DEB_CACHE (where .debs are kept; default OUTDIR/../debs).
@@ -25,6 +26,8 @@ set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
+LOG_PREFIX=guest # what log lines start with
+STAMP_FILES=("$HERE/build.sh" "$HERE/init.sh" "$HERE/udhcpc.sh") # hashed into the stamp with lib.sh
 REFS=localhost/vmshim-test
 PART_START_MIB=1 # the FAT partition starts at 1 MiB
 PART_SIZE_MIB=32 # room for the bzImage (~8 MiB) and an initramfs
@@ -35,52 +38,8 @@ AGENT_BIN=usr/sbin/qemu-ga # inside the package, and inside the agent initramfs
 # (and put in the initramfs): the dynamic loader's default search path.
 AGENT_LIBDIRS="lib/x86_64-linux-gnu usr/lib/x86_64-linux-gnu lib64"
 
-log() { echo "guest: $*" >&2; }
-trap 'log "failed at line $LINENO: $BASH_COMMAND"' ERR
-die() {
-	log "$*"
-	exit 1
-}
-
-need_tools() {
-	local t missing=()
-	for t in apt-get apt-cache dpkg-deb busybox cpio gzip xz zstd od readelf modinfo \
-		mkfs.fat mcopy syslinux sfdisk qemu-img sha256sum flock; do
-		command -v "$t" >/dev/null || missing+=("$t")
-	done
-	[ ${#missing[@]} -eq 0 ] || die "missing tools: ${missing[*]} (run integration/setup/deps.sh)"
-	[ -f "$(syslinux_mbr)" ] || die "syslinux mbr.bin not found (package syslinux-common)"
-}
-
-syslinux_mbr() {
-	local f
-	for f in /usr/lib/syslinux/mbr/mbr.bin /usr/lib/SYSLINUX/mbr.bin /usr/share/syslinux/mbr.bin; do
-		[ -f "$f" ] && { echo "$f"; return; }
-	done
-	echo /usr/lib/syslinux/mbr/mbr.bin
-}
-
-# kernel_package prints "NAME VERSION" of the kernel image package that
-# linux-image-amd64 depends on, e.g. "linux-image-6.1.0-56-amd64 6.1.192-2"
-# (from "Depends: linux-image-6.1.0-56-amd64 (= 6.1.192-2)"). It refreshes
-# the apt lists once if they lack the metapackage.
-kernel_package() {
-	local info dep name ver
-	info=$(apt-cache show --no-all-versions linux-image-amd64 2>/dev/null) || info=
-	if [ -z "$info" ]; then
-		log "apt lists lack linux-image-amd64; running apt-get update"
-		apt-get update -qq >&2
-		info=$(apt-cache show --no-all-versions linux-image-amd64)
-	fi
-	dep=$(sed -n 's/^Depends:.*\(linux-image-[^ ,]*-amd64\)\( *(= *\([^)]*\))\)\{0,1\}.*/\1 \3/p' <<<"$info")
-	read -r name ver <<<"$dep" || true
-	[ -n "$name" ] || die "cannot resolve the kernel package of linux-image-amd64"
-	if [ -z "$ver" ]; then
-		ver=$(apt-cache show --no-all-versions "$name" | sed -n 's/^Version: *//p')
-	fi
-	[ -n "$ver" ] || die "no version for $name"
-	echo "$name $ver"
-}
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
 
 # agent_packages prints "NAME VERSION", one a line, for qemu-guest-agent and
 # every package it depends on, recursively (Depends only: Pre-Depends,
@@ -97,39 +56,6 @@ agent_packages() {
 	# shellcheck disable=SC2086 # one argument per package name
 	apt-cache show --no-all-versions $names |
 		awk '/^Package:/ { name = $2 } /^Version:/ { print name, $2 }' | LC_ALL=C sort -u
-}
-
-# stamp_of PKGS... hashes what the artefacts depend on: the scripts, the
-# vmshim-pack sources and PKGS (package names and versions).
-stamp_of() {
-	{
-		cat "$HERE/build.sh" "$HERE/init.sh" "$HERE/udhcpc.sh"
-		local f
-		for f in "$REPO"/cmd/vmshim-pack/*.go; do
-			case $f in *_test.go) ;; *) [ -f "$f" ] && cat "$f" ;; esac
-		done
-		echo "$@"
-	} | sha256sum | cut -d' ' -f1
-}
-
-# fetch_deb prints the path of NAME_VERSION's .deb in the cache, downloading
-# it if absent.
-fetch_deb() {
-	local name=$1 ver=$2 cache=$3 f
-	mkdir -p "$cache"
-	for f in "$cache/${name}"_*.deb; do
-		[ -f "$f" ] && [ "$(dpkg-deb -f "$f" Version)" = "$ver" ] && { echo "$f"; return; }
-	done
-	log "downloading $name=$ver into $cache"
-	local opts=()
-	# As root, apt drops to _apt for downloads, which cannot write to a
-	# cache owned by root; download as root instead.
-	[ "$(id -u)" -eq 0 ] && opts=(-o APT::Sandbox::User=root)
-	(cd "$cache" && apt-get download -qq "${opts[@]}" "$name=$ver" >&2)
-	for f in "$cache/${name}"_*.deb; do
-		[ -f "$f" ] && [ "$(dpkg-deb -f "$f" Version)" = "$ver" ] && { echo "$f"; return; }
-	done
-	die "apt-get download $name=$ver left no .deb in $cache"
 }
 
 # le32 FILE OFFSET prints the little-endian u32 at OFFSET; u8 one byte;
@@ -270,42 +196,17 @@ install_agent() {
 	done
 }
 
-# newc_chardev NAME MAJOR MINOR writes a one-entry newc cpio archive holding
-# a character device, so the initramfs has /dev/console without mknod (and
-# without root) at build time. Header: magic + 13 eight-digit hex fields.
-newc_chardev() {
-	local name=$1 major=$2 minor=$3 namesize=$((${#1} + 1))
-	printf '070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X' \
-		1 $((0020000 | 0600)) 0 0 1 0 0 0 0 "$major" "$minor" "$namesize" 0
-	printf '%s\0' "$name"
-	# header (110) + name is padded to a multiple of 4.
-	head -c $(((4 - (110 + namesize) % 4) % 4)) /dev/zero
-}
-
-# newc_trailer writes the end-of-archive entry.
-newc_trailer() {
-	printf '070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X' \
-		0 0 0 0 1 0 0 0 0 0 0 11 0
-	printf 'TRAILER!!!\0'
-	head -c $(((4 - (110 + 11) % 4) % 4)) /dev/zero
-}
-
 # build_initrd KTREE FLAVOUR OUT [AGENTSTAGE] builds the gzip'd newc
 # initramfs for FLAVOUR: wait, poweroff, or agent (mode wait, plus qemu-ga
 # from the unpacked packages in AGENTSTAGE and the virtio-serial driver).
 build_initrd() {
-	local tree=$1 flavour=$2 out=$3 stage=${4:-} root applet m mode=$2
+	local tree=$1 flavour=$2 out=$3 stage=${4:-} root m mode=$2
 	if [ "$flavour" = agent ]; then
 		mode="wait"
 	fi
 	root=$(mktemp -d "$WORK/initrd-$flavour.XXXX")
 	mkdir -p "$root"/{bin,dev,etc,proc,sys,lib/modules}
-	cp "$(command -v busybox)" "$root/bin/busybox"
-	grep -q INTERP <<<"$(readelf -l "$root/bin/busybox")" &&
-		die "busybox is dynamically linked; install busybox-static"
-	for applet in $(busybox --list); do
-		[ "$applet" = busybox ] || ln -s busybox "$root/bin/$applet"
-	done
+	install_busybox "$root"
 	install -m 0755 "$HERE/init.sh" "$root/init"
 	install -D -m 0755 "$HERE/udhcpc.sh" "$root/etc/udhcpc/default.script"
 	echo "$mode" >"$root/etc/vmshim-mode"
@@ -339,12 +240,7 @@ build_initrd() {
 		chmod 1777 "$root/tmp"
 		ln -s ../run "$root/var/run"
 	fi
-	{
-		(cd "$root" && find . -mindepth 1 | LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0)
-		# A second archive: the kernel unpacks concatenated cpio archives.
-		newc_chardev dev/console 5 1
-		newc_trailer
-	} | gzip -9 -n >"$out"
+	pack_initrd "$root" "$out"
 }
 
 # build_disk VMLINUZ INITRD OUT builds a BIOS-bootable qcow2 disk without
@@ -355,22 +251,7 @@ build_disk() {
 	part=$WORK/part.img
 	raw=$WORK/disk.raw
 	rm -f "$part" "$raw"
-	cat >"$WORK/syslinux.cfg" <<-'EOF'
-		SERIAL 0 115200
-		DEFAULT linux
-		PROMPT 0
-		TIMEOUT 0
-		LABEL linux
-		  KERNEL vmlinuz
-		  INITRD initrd.img
-		  APPEND console=ttyS0
-	EOF
-	# -h: hidden sectors = the partition's start LBA, used by the boot sector.
-	mkfs.fat -C -F 16 -n VMSHIM -h $((PART_START_MIB * 2048)) "$part" $((PART_SIZE_MIB * 1024)) >/dev/null
-	MTOOLS_SKIP_CHECK=1 mcopy -i "$part" "$kernel" ::vmlinuz
-	MTOOLS_SKIP_CHECK=1 mcopy -i "$part" "$initrd" ::initrd.img
-	MTOOLS_SKIP_CHECK=1 mcopy -i "$part" "$WORK/syslinux.cfg" ::syslinux.cfg
-	syslinux --install "$part"
+	boot_partition "$part" VMSHIM "$PART_START_MIB" "$PART_SIZE_MIB" "$kernel" "$initrd" console=ttyS0
 
 	truncate -s $(((PART_START_MIB + PART_SIZE_MIB) * 1024 * 1024)) "$raw"
 	# One bootable FAT16 partition (type 6) at 1 MiB.
@@ -383,24 +264,13 @@ build_disk() {
 	rm -f "$part" "$raw"
 }
 
-# pack_tool prints the vmshim-pack binary: $VMSHIM_PACK, else built from
-# the repository into the work dir.
-pack_tool() {
-	if [ -n "${VMSHIM_PACK:-}" ]; then
-		echo "$VMSHIM_PACK"
-		return
-	fi
-	command -v go >/dev/null || die "go not found; set VMSHIM_PACK"
-	(cd "$REPO" && go build -o "$WORK/vmshim-pack" ./cmd/vmshim-pack)
-	echo "$WORK/vmshim-pack"
-}
-
 main() {
 	[ $# -eq 1 ] || die "usage: build.sh OUTDIR"
 	local out kpkg kname kversion stamp deb tree kver flavour pack agent_pkgs name ver f
 	mkdir -p "$1"
 	out=$(cd "$1" && pwd)
-	need_tools
+	need_tools apt-get apt-cache dpkg-deb busybox cpio gzip xz zstd od readelf modinfo \
+		mkfs.fat mcopy syslinux sfdisk qemu-img sha256sum flock
 	# Concurrent builds of one OUTDIR (parallel test binaries) take turns;
 	# the later ones then find the stamp and return.
 	exec 9>"$out/.lock"

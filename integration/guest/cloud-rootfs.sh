@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Sourced by cloud.sh: configures the debootstrapped root filesystem of the
 # cloud test guest, without chroot, and installs the kernel's modules in it.
-# Uses cloud.sh's log, die and ROOT_LABEL.
+# Uses log and die (lib.sh) and cloud.sh's ROOT_LABEL and WORK.
 
 # MODULES_EXCLUDE matches, in modules.dep's paths, the module trees a QEMU
 # virtual machine has no use for: sound, GPUs, media, wireless, physical

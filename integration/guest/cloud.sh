@@ -16,8 +16,8 @@
 # (cloud-rootfs.sh), without chroot. The kernel is the package build.sh uses
 # (the one linux-image-amd64 depends on): its vmlinuz boots the disk and the
 # modules a virtual machine can use go into /lib/modules. No loop devices, no
-# mounts of images. A second run with the same scripts, vmshim-pack sources
-# and package versions does nothing.
+# mounts of images. A second run with the same scripts (cloud*.sh, lib.sh),
+# vmshim-pack sources and package versions does nothing.
 #
 # Environment: VMSHIM_PACK (vmshim-pack binary; default: built from the repo),
 # VMSHIM_DEB_CACHE (where .debs and the rootfs tarball are kept; default
@@ -26,6 +26,8 @@ set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
+LOG_PREFIX=cloud-guest # what log lines start with
+STAMP_FILES=("$HERE"/cloud.sh "$HERE"/cloud-*.sh) # hashed into the stamp with lib.sh
 REF=localhost/vmshim-test/debian:cloud
 SUITE=bookworm
 ROOT_LABEL=vmshim-root
@@ -51,31 +53,8 @@ PACKAGES=(
 	iproute2 ifupdown isc-dhcp-client netbase
 )
 
-log() { echo "cloud-guest: $*" >&2; }
-trap 'log "failed at line $LINENO: $BASH_COMMAND"' ERR
-die() {
-	log "$*"
-	exit 1
-}
-
-need_tools() {
-	local t missing=()
-	for t in apt-get apt-cache dpkg-deb debootstrap unshare busybox cpio gzip zstd tar readelf \
-		depmod mkfs.ext4 mkfs.fat mcopy syslinux sfdisk qemu-img sha256sum flock; do
-		command -v "$t" >/dev/null || missing+=("$t")
-	done
-	[ ${#missing[@]} -eq 0 ] || die "missing tools: ${missing[*]} (run integration/setup/deps.sh)"
-	[ -f "$(syslinux_mbr)" ] || die "syslinux mbr.bin not found (package syslinux-common)"
-	[ "$(id -u)" -eq 0 ] || die "debootstrap needs root"
-}
-
-syslinux_mbr() {
-	local f
-	for f in /usr/lib/syslinux/mbr/mbr.bin /usr/lib/SYSLINUX/mbr.bin /usr/share/syslinux/mbr.bin; do
-		[ -f "$f" ] && { echo "$f"; return; }
-	done
-	echo /usr/lib/syslinux/mbr/mbr.bin
-}
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
 
 # debian_mirror prints the URI of the first enabled "deb" source for SUITE in
 # apt's sources (deb822 .sources files or one-line .list files).
@@ -113,43 +92,6 @@ debian_mirror() {
 	fi
 	[ -n "$m" ] || die "no deb source for $SUITE in apt's sources; set VMSHIM_DEBIAN_MIRROR"
 	echo "$m"
-}
-
-# kernel_package prints "NAME VERSION" of the kernel image package that
-# linux-image-amd64 depends on (the one build.sh uses).
-kernel_package() {
-	local info dep name ver
-	info=$(apt-cache show --no-all-versions linux-image-amd64 2>/dev/null) || info=
-	if [ -z "$info" ]; then
-		log "apt lists lack linux-image-amd64; running apt-get update"
-		apt-get update -qq >&2
-		info=$(apt-cache show --no-all-versions linux-image-amd64)
-	fi
-	dep=$(sed -n 's/^Depends:.*\(linux-image-[^ ,]*-amd64\)\( *(= *\([^)]*\))\)\{0,1\}.*/\1 \3/p' <<<"$info")
-	read -r name ver <<<"$dep" || true
-	[ -n "$name" ] || die "cannot resolve the kernel package of linux-image-amd64"
-	if [ -z "$ver" ]; then
-		ver=$(apt-cache show --no-all-versions "$name" | sed -n 's/^Version: *//p')
-	fi
-	[ -n "$ver" ] || die "no version for $name"
-	echo "$name $ver"
-}
-
-# fetch_deb NAME VERSION CACHE prints the path of the .deb in CACHE,
-# downloading it if absent.
-fetch_deb() {
-	local name=$1 ver=$2 cache=$3 f
-	for f in "$cache/${name}"_*.deb; do
-		[ -f "$f" ] && [ "$(dpkg-deb -f "$f" Version)" = "$ver" ] && { echo "$f"; return; }
-	done
-	log "downloading $name=$ver into $cache"
-	# As root, apt drops to _apt for downloads, which cannot write to a
-	# cache owned by root; download as root instead.
-	(cd "$cache" && apt-get download -qq -o APT::Sandbox::User=root "$name=$ver" >&2)
-	for f in "$cache/${name}"_*.deb; do
-		[ -f "$f" ] && [ "$(dpkg-deb -f "$f" Version)" = "$ver" ] && { echo "$f"; return; }
-	done
-	die "apt-get download $name=$ver left no .deb in $cache"
 }
 
 # rootfs_key hashes what the debootstrapped tree depends on: the suite, the
@@ -212,37 +154,6 @@ cached_rootfs() {
 	echo "$tarball"
 }
 
-# stamp_of ARGS... hashes what the artefacts depend on: the scripts, the
-# vmshim-pack sources and ARGS (package versions, the rootfs tarball).
-stamp_of() {
-	{
-		cat "$HERE"/cloud.sh "$HERE"/cloud-*.sh
-		local f
-		for f in "$REPO"/cmd/vmshim-pack/*.go; do
-			case $f in *_test.go) ;; *) [ -f "$f" ] && cat "$f" ;; esac
-		done
-		echo "$@"
-	} | sha256sum | cut -d' ' -f1
-}
-
-# newc_chardev NAME MAJOR MINOR writes a one-entry newc cpio archive holding
-# a character device, so the initramfs has /dev/console without mknod.
-newc_chardev() {
-	local name=$1 major=$2 minor=$3 namesize=$((${#1} + 1))
-	printf '070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X' \
-		1 $((0020000 | 0600)) 0 0 1 0 0 0 0 "$major" "$minor" "$namesize" 0
-	printf '%s\0' "$name"
-	head -c $(((4 - (110 + namesize) % 4) % 4)) /dev/zero
-}
-
-# newc_trailer writes the end-of-archive entry.
-newc_trailer() {
-	printf '070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X' \
-		0 0 0 0 1 0 0 0 0 0 0 11 0
-	printf 'TRAILER!!!\0'
-	head -c $(((4 - (110 + 11) % 4) % 4)) /dev/zero
-}
-
 # build_initrd MODDIR OUT builds the gzip'd newc initramfs: static busybox,
 # cloud-initramfs.sh as /init and the modules that reach an ext4 root on
 # virtio-blk, virtio-scsi, NVMe or AHCI, dependencies first. MODDIR is the
@@ -252,12 +163,7 @@ build_initrd() {
 	local -A seen=()
 	root=$WORK/initrd
 	mkdir -p "$root"/{bin,dev,proc,sys,newroot,lib/modules}
-	cp "$(command -v busybox)" "$root/bin/busybox"
-	grep -q INTERP <<<"$(readelf -l "$root/bin/busybox")" &&
-		die "busybox is dynamically linked; install busybox-static"
-	for m in $(busybox --list); do
-		[ "$m" = busybox ] || ln -s busybox "$root/bin/$m"
-	done
+	install_busybox "$root"
 	install -m 0755 "$HERE/cloud-initramfs.sh" "$root/init"
 	: >"$root/lib/modules/order"
 	# ext4 and jbd2 look up crc32c through the crypto API at mount time;
@@ -274,11 +180,7 @@ build_initrd() {
 			basename "$dep" >>"$root/lib/modules/order"
 		done
 	done
-	{
-		(cd "$root" && find . -mindepth 1 | LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0)
-		newc_chardev dev/console 5 1
-		newc_trailer
-	} | gzip -9 -n >"$out"
+	pack_initrd "$root" "$out"
 }
 
 # build_disk VMLINUZ INITRD ROOTFS OUT builds the BIOS-bootable disk without
@@ -289,21 +191,7 @@ build_disk() {
 	local kernel=$1 initrd=$2 rootfs=$3 out=$4 boot=$WORK/boot.img ext=$WORK/root.img raw=$WORK/disk.raw
 	local root_start=$((BOOT_START_MIB + BOOT_SIZE_MIB))
 	local root_size=$((DISK_SIZE_MIB - root_start))
-	cat >"$WORK/syslinux.cfg" <<-EOF
-		SERIAL 0 115200
-		DEFAULT linux
-		PROMPT 0
-		TIMEOUT 0
-		LABEL linux
-		  KERNEL vmlinuz
-		  INITRD initrd.img
-		  APPEND $CMDLINE
-	EOF
-	mkfs.fat -C -F 16 -n VMSHIMBOOT -h $((BOOT_START_MIB * 2048)) "$boot" $((BOOT_SIZE_MIB * 1024)) >/dev/null
-	MTOOLS_SKIP_CHECK=1 mcopy -i "$boot" "$kernel" ::vmlinuz
-	MTOOLS_SKIP_CHECK=1 mcopy -i "$boot" "$initrd" ::initrd.img
-	MTOOLS_SKIP_CHECK=1 mcopy -i "$boot" "$WORK/syslinux.cfg" ::syslinux.cfg
-	syslinux --install "$boot"
+	boot_partition "$boot" VMSHIMBOOT "$BOOT_START_MIB" "$BOOT_SIZE_MIB" "$kernel" "$initrd" "$CMDLINE"
 	# Inode tables and journal written now (zeros, which the qcow2 does not
 	# store), so the guest's ext4lazyinit never writes them into the overlay.
 	truncate -s "${root_size}M" "$ext"
@@ -323,24 +211,14 @@ build_disk() {
 	rm -f "$raw"
 }
 
-# pack_tool prints the vmshim-pack binary: $VMSHIM_PACK, else built from
-# the repository into the work dir.
-pack_tool() {
-	if [ -n "${VMSHIM_PACK:-}" ]; then
-		echo "$VMSHIM_PACK"
-		return
-	fi
-	command -v go >/dev/null || die "go not found; set VMSHIM_PACK"
-	(cd "$REPO" && go build -o "$WORK/vmshim-pack" ./cmd/vmshim-pack)
-	echo "$WORK/vmshim-pack"
-}
-
 main() {
 	[ $# -eq 1 ] || die "usage: cloud.sh OUTDIR"
 	local out cache kpkg key kname kversion kver deb tarball stamp rootfs pack
 	mkdir -p "$1"
 	out=$(cd "$1" && pwd)
-	need_tools
+	need_tools apt-get apt-cache dpkg-deb debootstrap unshare busybox cpio gzip zstd tar readelf \
+		depmod mkfs.ext4 mkfs.fat mcopy syslinux sfdisk qemu-img sha256sum flock
+	[ "$(id -u)" -eq 0 ] || die "debootstrap needs root"
 	# Concurrent builds of one OUTDIR take turns; the later ones then find
 	# the stamp and return.
 	exec 9>"$out/.cloud.lock"

@@ -67,22 +67,7 @@ func cloudDir(t *testing.T) string {
 			t.Skipf("%s not installed (integration/setup/deps.sh)", tool)
 		}
 	}
-	dir := os.Getenv("VMSHIM_GUEST_DIR")
-	if dir == "" {
-		cache, err := os.UserCacheDir()
-		if err != nil {
-			t.Fatal(err)
-		}
-		dir = filepath.Join(cache, "vmshim", "guest")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "./cloud.sh", dir)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("cloud.sh %s: %v", dir, err)
-	}
-	return dir
+	return buildGuest(t, "cloud.sh", 20*time.Minute)
 }
 
 // sshPublicKey returns a fresh ed25519 public key in authorized_keys form.

@@ -36,6 +36,14 @@ func guestDir(t *testing.T) string {
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		t.Skip("qemu-system-x86_64 not installed")
 	}
+	return buildGuest(t, "build.sh", 10*time.Minute)
+}
+
+// buildGuest runs script (build.sh or cloud.sh, both idempotent) within
+// timeout into the guest output dir, $VMSHIM_GUEST_DIR or
+// ~/.cache/vmshim/guest, and returns the dir.
+func buildGuest(t *testing.T, script string, timeout time.Duration) string {
+	t.Helper()
 	dir := os.Getenv("VMSHIM_GUEST_DIR")
 	if dir == "" {
 		cache, err := os.UserCacheDir()
@@ -44,12 +52,12 @@ func guestDir(t *testing.T) string {
 		}
 		dir = filepath.Join(cache, "vmshim", "guest")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "./build.sh", dir)
+	cmd := exec.CommandContext(ctx, "./"+script, dir)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
-		t.Fatalf("build.sh %s: %v", dir, err)
+		t.Fatalf("%s %s: %v", script, dir, err)
 	}
 	return dir
 }
