@@ -98,3 +98,15 @@ func cgroupOf(t *testing.T, pid int, controller string) string {
 	t.Fatalf("pid %d has no %s cgroup: %s", pid, controller, b)
 	return ""
 }
+
+// removeCgroupParents removes the given cgroups from every hierarchy once
+// they are empty; a cgroup still holding children stays (and the tests
+// that left them fail on their own).
+func removeCgroupParents(paths ...string) {
+	for _, p := range paths {
+		dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", p))
+		for _, dir := range dirs {
+			_ = os.Remove(dir)
+		}
+	}
+}

@@ -64,6 +64,9 @@ func run(m *testing.M) (int, error) {
 		return 0, err
 	}
 	defer d.stop()
+	// The cgroups the suite's containers ran under: the pod cgroups' base,
+	// and ctr's /NAMESPACE parent (runtimes leave parents they made).
+	defer removeCgroupParents(podCgroupBase, "/"+testNamespace)
 	s.daemon = d
 	if s.client, err = client.New(d.address, client.WithDefaultNamespace(testNamespace)); err != nil {
 		return 0, fmt.Errorf("connect to containerd: %w", err)
