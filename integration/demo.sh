@@ -19,6 +19,9 @@ cleanup() {
 	ip netns delete "$NETNS" 2>/dev/null
 	grep -o " $DIR[^ ]*" /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l 2>/dev/null
 	rm -rf "$DIR"
+	# The VM ran in the cgroup /vmshim-demo/ID; its parent stays behind,
+	# as with runc.
+	rmdir /sys/fs/cgroup/*/vmshim-demo 2>/dev/null
 }
 trap cleanup EXIT
 
