@@ -17,7 +17,7 @@ cleanup() {
 	set +e
 	[ -n "${CTD_PID:-}" ] && kill "$CTD_PID" 2>/dev/null && wait "$CTD_PID" 2>/dev/null
 	ip netns delete "$NETNS" 2>/dev/null
-	grep -o " $DIR[^ ]*" /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l 2>/dev/null
+	grep -o " ${DIR}[^ ]*" /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l 2>/dev/null
 	rm -rf "$DIR"
 	# The VM ran in the cgroup /vmshim-demo/ID; its parent stays behind,
 	# as with runc.
