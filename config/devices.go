@@ -12,6 +12,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/vmshim/vmshim/qemu"
 )
 
 // DefaultSysfs is where sysfs is mounted on the host.
@@ -178,7 +180,7 @@ func vfioFunctions(sysfs string, d specs.LinuxDevice) ([]string, error) {
 	var fns []string
 	for _, e := range entries {
 		addr := e.Name()
-		if err := checkPCIAddress(addr); err != nil {
+		if err := qemu.CheckPCIAddress(addr); err != nil {
 			return nil, invalidf("device %s: iommu group %s holds %q, which is not a pci function", d.Path, group, addr)
 		}
 		bridge, err := isPCIBridge(filepath.Join(dir, addr))
@@ -212,21 +214,4 @@ func isPCIBridge(dir string) (bool, error) {
 		}
 	}
 	return false, nil
-}
-
-// checkPCIAddress checks that a is a PCI function address as sysfs names
-// it: DDDD:BB:DD.F in lower-case hex, device at most 1f, function at most 7.
-func checkPCIAddress(a string) error {
-	if len(a) != len("0000:00:00.0") || a[4] != ':' || a[7] != ':' || a[10] != '.' {
-		return fmt.Errorf("%q is not a pci address", a)
-	}
-	for _, i := range []int{0, 1, 2, 3, 5, 6, 8, 9, 11} {
-		if c := a[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return fmt.Errorf("%q is not a pci address", a)
-		}
-	}
-	if a[8] > '1' || a[11] > '7' {
-		return fmt.Errorf("%q is not a pci address", a)
-	}
-	return nil
 }

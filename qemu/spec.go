@@ -310,7 +310,7 @@ func validateVFIO(addrs []string) error {
 	seen := map[string]bool{}
 	for i, a := range addrs {
 		field := fmt.Sprintf("vfio[%d]", i)
-		if err := checkPCIAddress(a); err != nil {
+		if err := CheckPCIAddress(a); err != nil {
 			return invalid(field, "%v", err)
 		}
 		if seen[a] {
@@ -321,9 +321,9 @@ func validateVFIO(addrs []string) error {
 	return nil
 }
 
-// checkPCIAddress checks that a is a PCI function address as sysfs
+// CheckPCIAddress checks that a is a PCI function address as sysfs
 // names it: DDDD:BB:DD.F in lower-case hex, device at most 1f, function at most 7.
-func checkPCIAddress(a string) error {
+func CheckPCIAddress(a string) error {
 	if len(a) != len("0000:00:00.0") || a[4] != ':' || a[7] != ':' || a[10] != '.' {
 		return fmt.Errorf("%q is not a pci address DDDD:BB:DD.F", a)
 	}

@@ -336,14 +336,7 @@ func (e *execProcess) vmGone() {
 }
 
 // wait blocks until the exec has stopped or ctx ends.
-func (e *execProcess) wait(ctx context.Context) error {
-	select {
-	case <-e.exited:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+func (e *execProcess) wait(ctx context.Context) error { return waitClosed(ctx, e.exited) }
 
 // delete forgets a stopped exec.
 func (e *execProcess) delete() error {

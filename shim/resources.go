@@ -75,9 +75,9 @@ func (c *cgroupLimits) Update(ctx context.Context, r *specs.LinuxResources) erro
 	return c.cg.Update(c.cgroupResources(r))
 }
 
-// createCgroup makes the cgroup the spec names (recording it first, so a
-// delete after a crash removes it) with the limits of c; nil when the spec
-// names none.
+// create makes the cgroup the spec names (recording it first, so a
+// delete after a crash removes it) with the limits of c; it does nothing
+// when the spec names none.
 func (c *cgroupLimits) create(ctx context.Context, spec *specs.Spec, rec *record) error {
 	if spec.Linux == nil || spec.Linux.CgroupsPath == "" {
 		return nil

@@ -189,9 +189,12 @@ func (t *task) delete(ctx context.Context) error {
 }
 
 // wait blocks until the task is stopped or ctx ends.
-func (t *task) wait(ctx context.Context) error {
+func (t *task) wait(ctx context.Context) error { return waitClosed(ctx, t.exited) }
+
+// waitClosed blocks until ch is closed or ctx ends.
+func waitClosed(ctx context.Context, ch <-chan struct{}) error {
 	select {
-	case <-t.exited:
+	case <-ch:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
