@@ -399,19 +399,26 @@ func TestBuildArgsInvalid(t *testing.T) {
 			s := baseSpec()
 			tt.modify(&s)
 			_, err := BuildArgs(s)
-			if err == nil {
-				t.Fatal("no error")
-			}
-			if !errors.Is(err, errdefs.ErrInvalidArgument) {
-				t.Errorf("error %q does not wrap ErrInvalidArgument", err)
-			}
-			if !strings.HasPrefix(err.Error(), tt.field+":") {
-				t.Errorf("error %q does not start with %q", err, tt.field+":")
-			}
-			if strings.Contains(err.Error(), "\n") {
-				t.Errorf("error %q spans lines", err)
-			}
+			checkInvalid(t, err, tt.field)
 		})
+	}
+}
+
+// checkInvalid checks that err is a one-line ErrInvalidArgument naming
+// field first.
+func checkInvalid(t *testing.T, err error, field string) {
+	t.Helper()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	if !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("error %q does not wrap ErrInvalidArgument", err)
+	}
+	if !strings.HasPrefix(err.Error(), field+":") {
+		t.Errorf("error %q does not start with %q", err, field+":")
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("error %q spans lines", err)
 	}
 }
 

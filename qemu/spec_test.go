@@ -2,15 +2,12 @@ package qemu
 
 import (
 	"bytes"
-	"errors"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/containerd/errdefs"
 )
 
 func TestValidateDevices(t *testing.T) {
@@ -89,18 +86,7 @@ func TestValidateDevices(t *testing.T) {
 				}
 				return
 			}
-			if err == nil {
-				t.Fatal("no error")
-			}
-			if !errors.Is(err, errdefs.ErrInvalidArgument) {
-				t.Errorf("error %q does not wrap ErrInvalidArgument", err)
-			}
-			if !strings.HasPrefix(err.Error(), tt.field+":") {
-				t.Errorf("error %q does not start with %q", err, tt.field+":")
-			}
-			if strings.Contains(err.Error(), "\n") {
-				t.Errorf("error %q spans lines", err)
-			}
+			checkInvalid(t, err, tt.field)
 		})
 	}
 }
