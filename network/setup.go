@@ -12,6 +12,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/sirupsen/logrus"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // cleanupTimeout bounds the undo of a failed Setup.
@@ -134,7 +136,8 @@ func (n *Network) startForwarder(ctx context.Context) {
 }
 
 // wire turns one CNI interface into a NIC: tap, tc both ways, the veth's
-// IPv4 addresses removed, the netns's route to the guest, a DHCP responder.
+// IPv4 addresses no longer local, the netns's route to the guest, a DHCP
+// responder.
 func (n *Network) wire(ctx context.Context, np *nicPlan, dns []net.IP, search []string, hostname string) error {
 	link := np.link
 	name := link.Attrs().Name
@@ -153,11 +156,18 @@ func (n *Network) wire(ctx context.Context, np *nicPlan, dns []net.IP, search []
 	if err := installIngress(n.p, link, linkFilters(link.Attrs().Index, tap.Attrs().Index)); err != nil {
 		return err
 	}
-	// The routes through link go with its last IPv4 address; they were
-	// recorded by inspect.
+	// The interface keeps its addresses, so that what reads them (`ip
+	// addr`, `nerdctl inspect`) still shows the pod's, but the netns stops
+	// treating them as its own: without their local routes, the netns's
+	// traffic to the pod IP takes the route to the guest. inspect recorded
+	// the local routes; undo puts them back.
 	for _, a := range np.addrs {
-		if err := n.p.h.AddrDel(link, &a); err != nil && !isNotFound(err) {
-			return fmt.Errorf("remove %s from %s: %w", a.IPNet, name, err)
+		local := &netlink.Route{
+			LinkIndex: link.Attrs().Index, Dst: &net.IPNet{IP: a.IP.To4(), Mask: net.CIDRMask(32, 32)},
+			Table: unix.RT_TABLE_LOCAL, Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST,
+		}
+		if err := n.p.h.RouteDel(local); err != nil && !isNotFound(err) {
+			return fmt.Errorf("remove the local route of %s on %s: %w", a.IPNet, name, err)
 		}
 	}
 	lease := buildLease(*np, dns, search, hostname)

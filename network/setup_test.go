@@ -120,8 +120,15 @@ func checkWired(t *testing.T, e *podEnv, pl podLink) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if addrs, _ := e.podH.AddrList(link, netlink.FAMILY_V4); len(addrs) != 0 {
-		t.Errorf("%s still has ipv4 addresses %v", pl.name, addrs)
+	addrs, _ := e.podH.AddrList(link, netlink.FAMILY_V4)
+	if len(addrs) == 0 {
+		t.Errorf("%s lost its ipv4 addresses", pl.name)
+	}
+	for _, a := range addrs {
+		routes, err := e.podH.RouteGet(a.IP)
+		if err != nil || len(routes) != 1 || routes[0].LinkIndex == link.Attrs().Index || routes[0].Type == unix.RTN_LOCAL {
+			t.Errorf("the netns still routes %s to itself: %+v %v", a.IP, routes, err)
+		}
 	}
 	if addrs, _ := e.podH.AddrList(link, netlink.FAMILY_V6); !slices.ContainsFunc(addrs, func(a netlink.Addr) bool {
 		return strings.HasPrefix(a.IP.String(), "fd00:")
@@ -135,7 +142,7 @@ func checkWired(t *testing.T, e *podEnv, pl podLink) {
 	if tap.Attrs().MTU != 1400 || tap.Type() != "tuntap" || tap.Attrs().Flags&net.FlagUp == 0 {
 		t.Errorf("tap = %s mtu %d flags %v", tap.Type(), tap.Attrs().MTU, tap.Attrs().Flags)
 	}
-	addrs, _ := e.podH.AddrList(tap, netlink.FAMILY_ALL)
+	addrs, _ = e.podH.AddrList(tap, netlink.FAMILY_ALL)
 	if len(addrs) != 1 || addrs[0].IPNet.String() != "169.254.1.1/32" {
 		t.Errorf("tap addresses = %v, want only 169.254.1.1/32", addrs)
 	}

@@ -100,6 +100,16 @@ func addLocalRoute(p *podNS, tap netlink.Link, linkLocal, podIP net.IP) error {
 	if err := p.h.AddrAdd(tap, addr); err != nil {
 		return fmt.Errorf("add %s to %s: %w", addr.IPNet, name, err)
 	}
+	// The pod IP stays an address of the CNI interface, so frames from
+	// the guest carry a source the netns owns; accept_local keeps the
+	// netns from dropping them as martians (ARP for the link-local
+	// address, port-forward replies). The setting goes with the tap.
+	err := p.do(func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/conf/"+name+"/accept_local", []byte("1"), 0)
+	})
+	if err != nil {
+		return fmt.Errorf("accept local source addresses on %s: %w", name, err)
+	}
 	route := &netlink.Route{
 		LinkIndex: tap.Attrs().Index,
 		Dst:       &net.IPNet{IP: podIP.To4(), Mask: net.CIDRMask(32, 32)},
