@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -62,7 +63,15 @@ type Config struct {
 	KernelCmdline  string `toml:"kernel_cmdline"` // base command line for direct kernel boot
 	Sandbox        bool   `toml:"sandbox"`        // run QEMU with -sandbox on
 	BootTimeout    string `toml:"boot_timeout"`   // Go duration from QEMU start to QMP ready
+	// CNINetwork is the CNI network that tasks asking for a new network
+	// namespace without a path are attached to; "" attaches none.
+	CNINetwork string   `toml:"cni_network"`
+	CNIConfDir string   `toml:"cni_conf_dir"` // directory of CNI network configurations
+	CNIBinDirs []string `toml:"cni_bin_dirs"` // directories searched, in order, for CNI plugins
 }
+
+// cniName is CNI's rule for network names.
+var cniName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
 
 // Default returns the built-in configuration.
 func Default() Config {
@@ -80,6 +89,8 @@ func Default() Config {
 		KernelCmdline:  "console=ttyS0",
 		Sandbox:        true,
 		BootTimeout:    "60s",
+		CNIConfDir:     "/etc/cni/net.d",
+		CNIBinDirs:     []string{"/opt/cni/bin", "/usr/lib/cni"},
 	}
 }
 
@@ -207,6 +218,20 @@ func (c Config) validate() error {
 	} else if d <= 0 {
 		add("boot_timeout", "%q must be greater than zero", c.BootTimeout)
 	}
+	if c.CNINetwork != "" && !cniName.MatchString(c.CNINetwork) {
+		add("cni_network", "%q is not a CNI network name (letters, digits, _ . -, starting with a letter or digit)", c.CNINetwork)
+	}
+	if msg := checkDir(c.CNIConfDir); msg != "" {
+		add("cni_conf_dir", "%s", msg)
+	}
+	if len(c.CNIBinDirs) == 0 {
+		add("cni_bin_dirs", "must list at least one directory")
+	}
+	for _, d := range c.CNIBinDirs {
+		if msg := checkDir(d); msg != "" {
+			add("cni_bin_dirs", "%s", msg)
+		}
+	}
 	if len(problems) == 0 {
 		return nil
 	}
@@ -231,6 +256,17 @@ func checkCommand(v string) string {
 		return fmt.Sprintf("%q contains a newline or NUL", v)
 	case strings.Contains(v, "/") && !filepath.IsAbs(v):
 		return fmt.Sprintf("%q must be a command name or an absolute path", v)
+	}
+	return ""
+}
+
+// checkDir accepts an absolute directory path.
+func checkDir(v string) string {
+	switch {
+	case strings.ContainsAny(v, "\x00\n"):
+		return fmt.Sprintf("%q contains a newline or NUL", v)
+	case !filepath.IsAbs(v):
+		return fmt.Sprintf("%q must be an absolute path", v)
 	}
 	return ""
 }

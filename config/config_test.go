@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -29,9 +30,14 @@ func TestDefaultIsValid(t *testing.T) {
 		DefaultVCPUs: 1, DefaultMemory: "512Mi", MaxVCPUs: 16, MaxMemory: "16Gi", MemoryOverhead: "192Mi",
 		MaxDiskSize: "256Gi", DiskDriver: "virtio-blk", KernelCmdline: "console=ttyS0",
 		Sandbox: true, BootTimeout: "60s",
+		CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin", "/usr/lib/cni"},
 	}
-	if d != want {
+	if !reflect.DeepEqual(d, want) {
 		t.Fatalf("Default() = %+v, want %+v", d, want)
+	}
+	d.CNIBinDirs[0] = "/changed"
+	if got := Default().CNIBinDirs[0]; got != "/opt/cni/bin" {
+		t.Fatalf("changing one Default() changed the next: cni_bin_dirs[0] = %q", got)
 	}
 }
 
@@ -58,6 +64,9 @@ disk_driver = "nvme"
 kernel_cmdline = "console=ttyS0 quiet"
 sandbox = false
 boot_timeout = "2m"
+cni_network = "vm-net_1.0"
+cni_conf_dir = "/srv/cni/conf"
+cni_bin_dirs = ["/srv/cni/bin"]
 `,
 			want: func(c *Config) {
 				*c = Config{
@@ -65,8 +74,15 @@ boot_timeout = "2m"
 					DefaultVCPUs: 2, DefaultMemory: "1Gi", MaxVCPUs: 4, MaxMemory: "2Gi", MemoryOverhead: "256Mi",
 					MaxDiskSize: "20Gi", DiskDriver: "nvme", KernelCmdline: "console=ttyS0 quiet",
 					Sandbox: false, BootTimeout: "2m",
+					CNINetwork: "vm-net_1.0", CNIConfDir: "/srv/cni/conf", CNIBinDirs: []string{"/srv/cni/bin"},
 				}
 			},
+		},
+		{name: "cni network only", body: `cni_network = "vmnet"`, want: func(c *Config) { c.CNINetwork = "vmnet" }},
+		{
+			name: "cni bin dirs replace the defaults",
+			body: `cni_bin_dirs = ["/a", "/b", "/c"]`,
+			want: func(c *Config) { c.CNIBinDirs = []string{"/a", "/b", "/c"} },
 		},
 		{name: "partial override keeps defaults", body: "accel = \"kvm\"\n", want: func(c *Config) { c.Accel = "kvm" }},
 		{name: "bad memory overhead", body: "memory_overhead = \"lots\"\n", wantErr: `memory_overhead: `},
@@ -94,6 +110,17 @@ boot_timeout = "2m"
 		{name: "zero duration", body: `boot_timeout = "0s"`, wantErr: `boot_timeout: "0s" must be greater than zero`},
 		{name: "empty qemu", body: `qemu_binary = ""`, wantErr: "qemu_binary: must not be empty"},
 		{name: "relative qemu-img", body: `qemu_img = "bin/qemu-img"`, wantErr: `qemu_img: "bin/qemu-img" must be a command name or an absolute path`},
+		{name: "cni network bad start", body: `cni_network = "-net"`, wantErr: `cni_network: "-net" is not a CNI network name`},
+		{name: "cni network bad char", body: `cni_network = "my net"`, wantErr: `cni_network: "my net" is not a CNI network name`},
+		{name: "cni network slash", body: `cni_network = "a/b"`, wantErr: `cni_network: "a/b" is not a CNI network name`},
+		{name: "cni network wrong type", body: `cni_network = 1`, wantErr: "cni_network"},
+		{name: "relative cni conf dir", body: `cni_conf_dir = "etc/cni"`, wantErr: `cni_conf_dir: "etc/cni" must be an absolute path`},
+		{name: "empty cni conf dir", body: `cni_conf_dir = ""`, wantErr: `cni_conf_dir: "" must be an absolute path`},
+		{name: "cni conf dir newline", body: `cni_conf_dir = "/etc/\ncni"`, wantErr: `cni_conf_dir: "/etc/\ncni" contains a newline or NUL`},
+		{name: "relative cni bin dir", body: `cni_bin_dirs = ["/opt/cni/bin", "lib/cni"]`, wantErr: `cni_bin_dirs: "lib/cni" must be an absolute path`},
+		{name: "empty cni bin dir", body: `cni_bin_dirs = [""]`, wantErr: `cni_bin_dirs: "" must be an absolute path`},
+		{name: "no cni bin dirs", body: `cni_bin_dirs = []`, wantErr: "cni_bin_dirs: must list at least one directory"},
+		{name: "cni bin dirs not a list", body: `cni_bin_dirs = "/opt/cni/bin"`, wantErr: "cni_bin_dirs"},
 		{name: "several problems", body: "accel = \"x\"\ndisk_driver = \"y\"", wantErr: `accel: "x" is not one of auto, kvm, tcg; disk_driver: "y"`},
 	}
 	for _, tc := range tests {
@@ -123,7 +150,7 @@ boot_timeout = "2m"
 			}
 			want := Default()
 			tc.want(&want)
-			if got != want {
+			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("Load() = %+v, want %+v", got, want)
 			}
 		})
@@ -138,7 +165,7 @@ func TestLoadMissing(t *testing.T) {
 	}
 	if _, err := os.Stat(DefaultPath); errors.Is(err, os.ErrNotExist) {
 		got, err := Load(DefaultPath)
-		if err != nil || got != Default() {
+		if err != nil || !reflect.DeepEqual(got, Default()) {
 			t.Fatalf("Load(DefaultPath) = %+v, %v; want Default()", got, err)
 		}
 	}

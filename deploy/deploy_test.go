@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -243,7 +244,7 @@ func TestInstallerConfigIsTheDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatalf("config.Load(ConfigMap %s) = %v", keyConfig, err)
 	}
-	if cfg != config.Default() {
+	if !reflect.DeepEqual(cfg, config.Default()) {
 		t.Errorf("ConfigMap %s = %+v, want the defaults %+v", keyConfig, cfg, config.Default())
 	}
 }
