@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,8 +39,9 @@ const (
 type taskCgroup interface {
 	// Add moves a process, with all its threads, into the cgroup.
 	Add(pid int) error
-	// Start starts cmd in the cgroup.
-	Start(cmd *exec.Cmd) error
+	// Start starts cmd in the cgroup, forking it from a thread the steps
+	// moved first (see forkFrom).
+	Start(cmd *exec.Cmd, steps ...threadStep) error
 	// Update applies limits.
 	Update(r *specs.LinuxResources) error
 	// Stats reports usage as *cgroup1stats.Metrics or *cgroup2stats.Metrics.
@@ -358,32 +358,25 @@ func (c *v1Cgroup) Add(pid int) error {
 
 // Start starts cmd inside the cgroup, so that everything the process
 // allocates, from its first page, is charged here. v1 places threads, not
-// processes: a locked thread joins the cgroup, forks the child, which
-// inherits it, and goes back to its own cgroups. Should going back fail,
-// the thread stays locked and ends with its goroutine. (The Go runtime
-// makes new threads from a template thread, never from a locked one.)
-func (c *v1Cgroup) Start(cmd *exec.Cmd) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := cgroup1.ParseCgroupFile("/proc/thread-self/cgroup")
-		if err != nil {
-			errc <- cgroupError("read the shim's cgroups for", c.path, err, errdefs.ErrUnknown)
-			return
-		}
-		tid := unix.Gettid()
-		if err := c.cg.AddTask(cgroup1.Process{Pid: tid}); err != nil {
-			c.rejoin(tid, orig)
-			errc <- cgroupError("join", c.path, err, errdefs.ErrUnknown)
-			return
-		}
-		err = cmd.Start()
-		if c.rejoin(tid, orig) {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
+// processes: the forking thread joins the cgroup, after the steps, and goes
+// back to its own cgroups once the child is started (see forkFrom).
+func (c *v1Cgroup) Start(cmd *exec.Cmd, steps ...threadStep) error {
+	return forkFrom(cmd, append(steps, c.join)...)
+}
+
+// join is the threadStep that moves the calling thread into the cgroup.
+func (c *v1Cgroup) join() (func() bool, error) {
+	orig, err := cgroup1.ParseCgroupFile("/proc/thread-self/cgroup")
+	if err != nil {
+		return nil, cgroupError("read the shim's cgroups for", c.path, err, errdefs.ErrUnknown)
+	}
+	tid := unix.Gettid()
+	back := func() bool { return c.rejoin(tid, orig) }
+	if err := c.cg.AddTask(cgroup1.Process{Pid: tid}); err != nil {
+		back()
+		return nil, cgroupError("join", c.path, err, errdefs.ErrUnknown)
+	}
+	return back, nil
 }
 
 // rejoin moves thread tid back to the cgroups orig lists (as read from
@@ -447,7 +440,7 @@ type v2Cgroup struct {
 }
 
 // Start starts cmd inside the cgroup (clone3 with CLONE_INTO_CGROUP).
-func (c *v2Cgroup) Start(cmd *exec.Cmd) error {
+func (c *v2Cgroup) Start(cmd *exec.Cmd, steps ...threadStep) error {
 	fd, err := unix.Open(c.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return cgroupError("open", c.path, err, errdefs.ErrUnknown)
@@ -457,7 +450,7 @@ func (c *v2Cgroup) Start(cmd *exec.Cmd) error {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
-	return cmd.Start()
+	return forkFrom(cmd, steps...)
 }
 
 // Add moves pid into the cgroup.

@@ -68,8 +68,8 @@ func (c *scopeCgroup) Add(pid int) (retErr error) {
 
 // Start starts cmd, then puts it in the scope: systemd makes the scope
 // around a running process.
-func (c *scopeCgroup) Start(cmd *exec.Cmd) error {
-	if err := cmd.Start(); err != nil {
+func (c *scopeCgroup) Start(cmd *exec.Cmd, steps ...threadStep) error {
+	if err := forkFrom(cmd, steps...); err != nil {
 		return err
 	}
 	return c.Add(cmd.Process.Pid)

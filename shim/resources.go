@@ -94,12 +94,13 @@ func (c *cgroupLimits) create(ctx context.Context, spec *specs.Spec, rec *record
 	return nil
 }
 
-// start starts the task's process inside its cgroup.
-func (c *cgroupLimits) start(cmd *exec.Cmd) error {
+// start starts the task's process inside its cgroup, forked from a thread
+// the steps moved first (into the VM's network namespace, say).
+func (c *cgroupLimits) start(cmd *exec.Cmd, steps ...threadStep) error {
 	if c.cg == nil {
-		return cmd.Start()
+		return forkFrom(cmd, steps...)
 	}
-	if err := c.cg.Start(cmd); err != nil {
+	if err := c.cg.Start(cmd, steps...); err != nil {
 		return fmt.Errorf("start %s in cgroup %s: %w", filepath.Base(cmd.Path), c.cg.Path(), err)
 	}
 	return nil

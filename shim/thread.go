@@ -1,0 +1,77 @@
+package shim
+
+import (
+	"fmt"
+	"os/exec"
+	"runtime"
+
+	"github.com/vishvananda/netns"
+)
+
+// threadStep moves the calling goroutine's locked OS thread into something
+// a child forked from it inherits (a cgroup, a namespace). It returns how
+// to move the thread back; back reports whether that worked.
+type threadStep func() (back func() bool, err error)
+
+// forkFrom starts cmd from an OS thread that the steps, in order, have
+// moved; the child inherits where the thread was moved to. Steps are
+// undone in reverse. Should undoing fail, the thread stays locked and ends
+// with its goroutine, so it never runs other Go code. (The runtime makes
+// new threads from a template thread, never from a locked one.)
+func forkFrom(cmd *exec.Cmd, steps ...threadStep) error {
+	if len(steps) == 0 {
+		return cmd.Start()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		var backs []func() bool
+		undo := func() bool {
+			ok := true
+			for i := len(backs) - 1; i >= 0; i-- {
+				ok = backs[i]() && ok
+			}
+			return ok
+		}
+		for _, step := range steps {
+			back, err := step()
+			if err != nil {
+				if undo() {
+					runtime.UnlockOSThread()
+				}
+				errc <- err
+				return
+			}
+			backs = append(backs, back)
+		}
+		err := cmd.Start()
+		if undo() {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
+	}()
+	return <-errc
+}
+
+// joinNetns is the threadStep that enters the network namespace at path.
+func joinNetns(path string) threadStep {
+	return func() (func() bool, error) {
+		target, err := netns.GetFromPath(path)
+		if err != nil {
+			return nil, fmt.Errorf("open netns %s: %w", path, err)
+		}
+		defer target.Close()
+		orig, err := netns.Get()
+		if err != nil {
+			return nil, fmt.Errorf("current netns: %w", err)
+		}
+		if err := netns.Set(target); err != nil {
+			orig.Close()
+			return nil, fmt.Errorf("enter netns %s: %w", path, err)
+		}
+		return func() bool {
+			defer orig.Close()
+			return netns.Set(orig) == nil
+		}, nil
+	}
+}
