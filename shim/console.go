@@ -29,21 +29,19 @@ type console struct {
 	done   chan struct{} // closed once all guest output has been written out
 	cancel context.CancelFunc
 
-	mu      sync.Mutex // guards stdin, stdout and outputs
-	stdin   io.Closer
-	stdout  *os.File    // set once open
-	outputs []io.Closer // stdout and stderr with their held read ends
+	mu     sync.Mutex // guards stdin and out
+	stdin  io.Closer
+	out    *output // nil once closed
+	stdout *os.File
 }
 
 // newConsole starts copying between conn (the guest's serial port) and the
-// task's stdio fifos; an empty path means no such stream. The guest has a
-// single console, so stderr carries nothing, but it is held open and closed
-// with stdout: readers such as the CRI wait for both to end.
-func newConsole(ctx context.Context, conn io.ReadWriteCloser, io stdio) *console {
+// task's stdin fifo and its output (see openOutput), which it then owns.
+func newConsole(ctx context.Context, conn io.ReadWriteCloser, io stdio, out *output) *console {
 	ctx, cancel := context.WithCancel(ctx)
-	c := &console{conn: conn, buf: newRing(consoleBuffer), done: make(chan struct{}), cancel: cancel}
+	c := &console{conn: conn, buf: newRing(consoleBuffer), done: make(chan struct{}), cancel: cancel, out: out, stdout: out.w}
 	go c.readGuest()
-	go c.writeStdout(ctx, io.stdout, io.stderr)
+	go c.writeStdout(ctx)
 	if io.stdin != "" {
 		go c.readStdin(ctx, io.stdin)
 	}
@@ -70,24 +68,22 @@ func (c *console) readGuest() {
 	}
 }
 
-// writeStdout drains the buffer into the stdout fifo; with no stdout, or
-// once the fifo fails, output is discarded so the buffer keeps draining.
-// When the guest's console ends and all is written, stdout and stderr are
-// closed, as a process's would be when it exits.
-func (c *console) writeStdout(ctx context.Context, stdout, stderr string) {
+// writeStdout drains the buffer into the output; with none, or once it
+// fails, output is discarded so the buffer keeps draining. When the
+// guest's console ends and all is written, the output is closed, as a
+// process's stdout and stderr would be when it exits.
+func (c *console) writeStdout(ctx context.Context) {
 	defer close(c.done)
+	defer c.closeOutput(ctx)
 	var w io.Writer = io.Discard
-	if f := c.openOutput(ctx, stdout); f != nil {
+	if c.stdout != nil {
 		c.mu.Lock()
-		c.stdout = f
 		if c.buf.isClosed() {
-			_ = f.SetWriteDeadline(time.Now().Add(drainTimeout))
+			_ = c.stdout.SetWriteDeadline(time.Now().Add(drainTimeout))
 		}
 		c.mu.Unlock()
-		w = f
+		w = c.stdout
 	}
-	c.openOutput(ctx, stderr)
-	defer c.closeOutputs()
 	b := make([]byte, 32<<10)
 	for {
 		n, err := c.buf.Read(b)
@@ -103,41 +99,19 @@ func (c *console) writeStdout(ctx context.Context, stdout, stderr string) {
 	}
 }
 
-// openOutput opens the fifo at path for writing; nil when there is none.
-// It also holds a read end, never read, so that while containerd is away
-// (restarting) writes wait instead of failing with EPIPE; the ring keeps
-// the guest from stalling meanwhile.
-// Both ends are pollable files, so writes honour deadlines and Close.
-func (c *console) openOutput(ctx context.Context, path string) *os.File {
-	if path == "" {
-		return nil
-	}
-	keep, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		log.G(ctx).WithError(err).WithField("fifo", path).Warn("open output fifo")
-		return nil
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		keep.Close()
-		log.G(ctx).WithError(err).WithField("fifo", path).Warn("open output fifo")
-		return nil
-	}
+// closeOutput closes the output once: its readers see the task's output
+// end.
+func (c *console) closeOutput(ctx context.Context) {
 	c.mu.Lock()
-	c.outputs = append(c.outputs, f, keep)
+	out := c.out
+	c.out = nil
 	c.mu.Unlock()
-	return f
-}
-
-// closeOutputs closes stdout and stderr: their readers see the task's
-// output end.
-func (c *console) closeOutputs() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, f := range c.outputs {
-		_ = f.Close()
+	if out == nil {
+		return
 	}
-	c.outputs = nil
+	if err := out.Close(); err != nil {
+		log.G(ctx).WithError(err).Warn("close task output")
+	}
 }
 
 // readStdin copies the stdin fifo to the guest until it ends.
@@ -175,14 +149,11 @@ func (c *console) Close() error {
 	c.buf.Close()
 	err := c.conn.Close()
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.stdin != nil {
 		_ = c.stdin.Close()
 	}
-	for _, f := range c.outputs {
-		_ = f.Close()
-	}
-	c.outputs = nil
+	c.mu.Unlock()
+	c.closeOutput(context.Background())
 	return err
 }
 

@@ -174,7 +174,12 @@ func startConsole(t *testing.T, stdin, stdout string) (*console, net.Conn) {
 	t.Helper()
 	ctx, _ := testLogger(t)
 	host, guest := net.Pipe()
-	c := newConsole(ctx, host, stdio{stdin: stdin, stdout: stdout})
+	io := stdio{stdin: stdin, stdout: stdout}
+	out, err := openOutput(ctx, "test", "default", io)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newConsole(ctx, host, io, out)
 	t.Cleanup(func() {
 		_ = guest.Close()
 		_ = c.Close()

@@ -91,12 +91,20 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	if r.Options != nil {
 		req.Options = r.Options
 	}
+	io := stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal}
+	ns, _ := namespaces.Namespace(ctx)
+	out, err := openOutput(ctx, r.ID, ns, io)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("task %s output: %w", r.ID, err))
+	}
 	vm, err := s.launcher.Launch(ctx, req)
 	if err != nil {
+		if cerr := out.Close(); cerr != nil {
+			log.G(ctx).WithError(cerr).Warn("close task output")
+		}
 		return nil, errgrpc.ToGRPC(err)
 	}
-	io := stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal}
-	t := newTask(s.ctx, r.ID, r.Bundle, io, vm, s.exited)
+	t := newTask(s.ctx, r.ID, r.Bundle, io, out, vm, s.exited)
 	s.mu.Lock()
 	s.tasks[r.ID] = t
 	s.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -68,8 +69,12 @@ func TestServiceCreateStart(t *testing.T) {
 	ctx := context.Background()
 	opts := &anypb.Any{TypeUrl: "example.com/options", Value: []byte{1}}
 	rootfs := []*types.Mount{{Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/l"}}}
+	stdout := filepath.Join(t.TempDir(), "stdout")
+	if err := unix.Mkfifo(stdout, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	req := &taskAPI.CreateTaskRequest{
-		ID: "vm1", Bundle: t.TempDir(), Rootfs: rootfs, Stdout: "/nonexistent/stdout", Options: opts,
+		ID: "vm1", Bundle: t.TempDir(), Rootfs: rootfs, Stdout: stdout, Options: opts,
 	}
 	resp := create(t, s, p, req)
 	vm := l.vm(t, "vm1")
