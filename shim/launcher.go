@@ -153,13 +153,34 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 	qs.ConsoleFD = fds.Add(guestEnd)
 
 	logger := log.G(ctx).WithField("id", r.ID)
+	nsPath, err := l.vmNetns(ctx, ns, r.ID, spec, rec)
+	if err != nil {
+		return nil, err
+	}
+	hooks := newOCIHooks(r.ID, r.Bundle, spec, nsPath)
+	if err := hooks.check(); err != nil {
+		return nil, err
+	}
+	if hooks.any() {
+		// From here on, poststop hooks run whatever happens, as the
+		// runtime spec asks of a failed create too.
+		rec.Poststop, rec.HookNetns = true, nsPath
+		if err := rec.save(); err != nil {
+			return nil, err
+		}
+		if err := hooks.create(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if rec.Netns != "" && cfg.CNINetwork != "" {
+		if err := attachCNI(ctx, cfg, ns, r.ID, rec); err != nil {
+			return nil, err
+		}
+	}
 	var netw *network.Network
-	if nsPath, resolvConf := podNetwork(spec); nsPath != "" {
-		// CRI names the pod's netns through the sandbox's pause process;
-		// record the namespace's own path, which outlives that process.
-		nsPath = l.podNetns(nsPath)
+	if nsPath != "" {
 		netw, err = network.Setup(ctx, nsPath, network.Options{
-			Hostname: hostname(spec), ResolvConf: resolvConf, Logger: logger,
+			Hostname: hostname(spec), ResolvConf: podResolvConf(spec), Logger: logger,
 			Record: func(st *network.State) error {
 				rec.Network = st
 				return rec.save()
@@ -201,8 +222,10 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 	vm, err := qemu.Launch(bootCtx, qemu.LaunchConfig{
 		Binary: binary, Spec: qs, Files: fds.Files(), Stderr: stderr, Dir: rec.RuntimeDir,
 		// QEMU starts in the VM's cgroup: all it allocates, the kernel
-		// it loads into guest RAM included, is charged there.
-		Start: limits.start,
+		// it loads into guest RAM included, is charged there. It runs in
+		// the VM's network namespace, where /proc/PID/ns/net leads
+		// tools such as `nerdctl inspect` and `nsenter -t PID -n`.
+		Start: func(cmd *exec.Cmd) error { return limits.start(cmd, netnsSteps(nsPath)...) },
 	})
 	if err != nil {
 		stderr.Close()
@@ -217,7 +240,7 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		return nil, err
 	}
 	logger.WithFields(log.Fields{"pid": vm.Pid(), "accel": qs.Accel, "nics": len(qs.NICs)}).Info("vm created")
-	return &qemuVM{VM: vm, cgroupLimits: limits, console: shimEnd, rec: rec, stderr: stderr, network: netw, onRelease: release}, nil
+	return &qemuVM{VM: vm, cgroupLimits: limits, console: shimEnd, rec: rec, stderr: stderr, network: netw, hooks: hooks, onRelease: release}, nil
 }
 
 // accel picks the accelerator for a mode once per shim process.
@@ -268,7 +291,7 @@ func rootDrive(ctx context.Context, cfg config.Config, desc *config.VM, boot *im
 // launchSandbox starts a pod sandbox's pause process and remembers the
 // pod netns it joined.
 func (l *qemuLauncher) launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec) (VM, error) {
-	nsPath, _ := podNetwork(spec)
+	nsPath, _ := specNetns(spec)
 	s, err := launchSandbox(ctx, r, spec, nsPath)
 	if err != nil {
 		return nil, err
@@ -371,23 +394,94 @@ func readSpec(bundle string) (*specs.Spec, error) {
 	return &spec, nil
 }
 
-// podNetwork returns the path of the network namespace the spec joins
-// (empty for the host's network or a namespace yet to be made) and the
-// host path of the pod's resolv.conf.
-func podNetwork(spec *specs.Spec) (nsPath, resolvConf string) {
+// specNetns returns the path of the network namespace the spec joins, and
+// whether the spec has a network namespace at all: one without a path asks
+// for a new namespace (ctr run, nerdctl); none means the host's.
+func specNetns(spec *specs.Spec) (path string, ok bool) {
 	if spec.Linux != nil {
 		for _, ns := range spec.Linux.Namespaces {
 			if ns.Type == specs.NetworkNamespace {
-				nsPath = ns.Path
+				return ns.Path, true
 			}
 		}
 	}
+	return "", false
+}
+
+// podResolvConf is the host path of the pod's resolv.conf, if the spec
+// mounts one.
+func podResolvConf(spec *specs.Spec) string {
 	for _, m := range spec.Mounts {
 		if m.Destination == "/etc/resolv.conf" {
-			resolvConf = m.Source
+			return m.Source
 		}
 	}
-	return nsPath, resolvConf
+	return ""
+}
+
+// vmNetns returns the network namespace the VM runs in and its NICs come
+// from: the pod's (CRI), the one the spec names, or, when the spec asks
+// for a new one, one the shim makes, pins and records for removal. ""
+// means the host's: the VM then has no NIC.
+func (l *qemuLauncher) vmNetns(ctx context.Context, ns, id string, spec *specs.Spec, rec *record) (string, error) {
+	path, ok := specNetns(spec)
+	switch {
+	case !ok:
+		return "", nil
+	case path != "":
+		// CRI names the pod's netns through the sandbox's pause process;
+		// use the namespace's own path, which outlives that process.
+		return l.podNetns(path), nil
+	}
+	rec.Netns = taskNetnsPath(ns, id)
+	if err := rec.save(); err != nil {
+		return "", err
+	}
+	if err := createNetns(rec.Netns); err != nil {
+		return "", fmt.Errorf("network namespace for %s: %w", id, err)
+	}
+	log.G(ctx).WithField("netns", rec.Netns).Debug("network namespace created")
+	return rec.Netns, nil
+}
+
+// attachCNI puts the namespace the shim made for the task on the CNI
+// network cni_network names, unless hooks have given it a network already
+// (nerdctl does). The attachment is recorded so that release, or the
+// delete action after a crash, detaches it.
+func attachCNI(ctx context.Context, cfg config.Config, ns, id string, rec *record) error {
+	empty, err := netnsIsEmpty(rec.Netns)
+	if err != nil {
+		return err
+	}
+	if !empty {
+		log.G(ctx).WithField("id", id).Info("hooks gave the network namespace interfaces; cni_network not attached")
+		return nil
+	}
+	att, err := network.AttachCNI(ctx, network.CNIConfig{
+		Network: cfg.CNINetwork, ConfDir: cfg.CNIConfDir, BinDirs: cfg.CNIBinDirs,
+	}, ns+"-"+id, rec.Netns)
+	if err != nil {
+		return fmt.Errorf("config cni_network: %w", err)
+	}
+	rec.CNI = att
+	if err := rec.save(); err != nil {
+		if derr := att.Detach(ctx); derr != nil {
+			log.G(ctx).WithError(derr).Warn("detach cni network")
+		}
+		rec.CNI = nil
+		return err
+	}
+	log.G(ctx).WithFields(log.Fields{"id": id, "network": att.Network, "ips": att.IPs}).Info("cni network attached")
+	return nil
+}
+
+// netnsSteps moves a forking thread into the network namespace at path;
+// none for the host's.
+func netnsSteps(path string) []threadStep {
+	if path == "" {
+		return nil
+	}
+	return []threadStep{joinNetns(path)}
 }
 
 // hostname is the pod's host name: the spec's, or, for a CRI container
@@ -415,6 +509,7 @@ type qemuVM struct {
 	rec     *record
 	stderr  io.Closer
 	network *network.Network // nil without a pod network
+	hooks   *ociHooks
 
 	onRelease func() // gives the pod back its VM slot
 }
@@ -428,6 +523,18 @@ func (v *qemuVM) GuestAgent() GuestAgent {
 		return a
 	}
 	return nil
+}
+
+// beforeStart runs the startContainer hooks, in the VM's network
+// namespace, just before the vCPUs run.
+func (v *qemuVM) beforeStart(ctx context.Context) error {
+	return v.hooks.run(ctx, phaseStartContainer, specs.StateCreated, v.Pid())
+}
+
+// afterStart runs the poststart hooks once the vCPUs run; their failures
+// are logged, as the runtime spec asks.
+func (v *qemuVM) afterStart(ctx context.Context) {
+	v.hooks.runAll(ctx, phasePoststart, specs.StateRunning, v.Pid())
 }
 
 // Release frees what the VM held once QEMU has exited.

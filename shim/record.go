@@ -13,6 +13,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmshim/vmshim/network"
@@ -36,6 +37,11 @@ type record struct {
 	Cgroup     string `json:"cgroup,omitempty"`      // the cgroup the task's process runs in (OCI cgroupsPath)
 
 	Network *network.State `json:"network,omitempty"` // what the pod netns looked like before it was wired
+
+	Netns     string                 `json:"netns,omitempty"`      // a network namespace the shim made for the task
+	CNI       *network.CNIAttachment `json:"cni,omitempty"`        // the cni_network attachment of Netns
+	Poststop  bool                   `json:"poststop,omitempty"`   // the spec's poststop hooks are still to run
+	HookNetns string                 `json:"hook_netns,omitempty"` // the VM's netns, as hooks were told
 }
 
 // save writes the record atomically to the bundle.
@@ -88,6 +94,19 @@ func (r *record) release(ctx context.Context) {
 			logger.WithError(err).Warn("restore pod network")
 		}
 	}
+	if r.CNI != nil {
+		if err := r.CNI.Detach(ctx); err != nil {
+			logger.WithError(err).Warn("detach cni network")
+		}
+	}
+	if r.Poststop {
+		r.runPoststop(ctx)
+	}
+	if r.Netns != "" {
+		if err := removeNetns(r.Netns); err != nil {
+			logger.WithError(err).Warn("remove network namespace")
+		}
+	}
 	if r.RuntimeDir != "" {
 		if err := os.RemoveAll(r.RuntimeDir); err != nil {
 			logger.WithError(err).Warn("remove runtime dir")
@@ -112,6 +131,21 @@ func (r *record) release(ctx context.Context) {
 	}
 	if err := os.Remove(filepath.Join(r.Bundle, recordFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		logger.WithError(err).Warn("remove task record")
+	}
+}
+
+// runPoststop runs the spec's poststop hooks once, after the VM and its
+// network are gone and before the namespace and the rootfs go.
+func (r *record) runPoststop(ctx context.Context) {
+	spec, err := readSpec(r.Bundle)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("id", r.ID).Warn("poststop hooks not run")
+		return
+	}
+	newOCIHooks(r.ID, r.Bundle, spec, r.HookNetns).runAll(ctx, phasePoststop, specs.StateStopped, 0)
+	r.Poststop = false
+	if err := r.save(); err != nil {
+		log.G(ctx).WithError(err).WithField("id", r.ID).Warn("record poststop hooks as run")
 	}
 }
 

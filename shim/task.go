@@ -33,20 +33,21 @@ type task struct {
 	vm     VM
 	cons   *console
 
-	mu       sync.Mutex // guards st, exitCode, exitedAt and execs; the only writer of st is transition
+	mu       sync.Mutex // guards st, starting, exitCode, exitedAt and execs; the only writer of st is transition
 	st       state
+	starting bool // a Start is under way
 	exitCode int
 	exitedAt time.Time
 	execs    map[string]*execProcess
 	exited   chan struct{} // closed when the task is stopped and its exit published
 }
 
-// newTask wraps a created VM; onExit is called once, after the task has
-// become stopped.
-func newTask(ctx context.Context, id, bundle string, io stdio, vm VM, onExit func(*task)) *task {
+// newTask wraps a created VM whose console goes to out; onExit is called
+// once, after the task has become stopped.
+func newTask(ctx context.Context, id, bundle string, io stdio, out *output, vm VM, onExit func(*task)) *task {
 	t := &task{
 		id: id, bundle: bundle, stdio: io, vm: vm,
-		cons:   newConsole(ctx, vm.Console(), io),
+		cons:   newConsole(ctx, vm.Console(), io, out),
 		execs:  make(map[string]*execProcess),
 		exited: make(chan struct{}),
 	}
@@ -92,8 +93,48 @@ func (t *task) monitor(ctx context.Context, onExit func(*task)) {
 	close(t.exited)
 }
 
+// startHooks is implemented by VMs with work to do around Start (OCI
+// hooks). It runs without the task's lock: a hook may call back into the
+// shim, through containerd, for the task's state.
+type startHooks interface {
+	// beforeStart runs before the vCPUs do; its failure fails Start.
+	beforeStart(ctx context.Context) error
+	// afterStart runs once they do.
+	afterStart(ctx context.Context)
+}
+
 // start runs the VM's vCPUs.
 func (t *task) start(ctx context.Context) error {
+	t.mu.Lock()
+	if t.st != stateCreated || t.starting {
+		st := t.st
+		t.mu.Unlock()
+		return fmt.Errorf("task %s is %s, not created: %w", t.id, st, errdefs.ErrFailedPrecondition)
+	}
+	t.starting = true
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		t.starting = false
+		t.mu.Unlock()
+	}()
+	hooks, _ := t.vm.(startHooks)
+	if hooks != nil {
+		if err := hooks.beforeStart(ctx); err != nil {
+			return fmt.Errorf("start vm %s: %w", t.id, err)
+		}
+	}
+	if err := t.run(ctx); err != nil {
+		return err
+	}
+	if hooks != nil {
+		hooks.afterStart(ctx)
+	}
+	return nil
+}
+
+// run starts the vCPUs of a task still created.
+func (t *task) run(ctx context.Context) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.st != stateCreated {
