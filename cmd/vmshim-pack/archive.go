@@ -83,10 +83,19 @@ func (a archiveWriter) jsonFile(ctx context.Context, name string, data []byte) e
 	return a.file(ctx, name, int64(len(data)), bytes.NewReader(data))
 }
 
-// writeArchive writes the OCI image layout: oci-layout, the blobs (the
-// layer copied from layerFile, whose descriptor is layer), then index.json.
-func writeArchive(ctx context.Context, out io.Writer, layer ocispec.Descriptor, layerFile *os.File,
-	blobs []jsonBlob, index ocispec.Index, mtime time.Time) error {
+// archive is what an OCI image layout archive holds.
+type archive struct {
+	layer     ocispec.Descriptor // of the layer blob
+	layerFile *os.File           // the layer blob
+	blobs     []jsonBlob         // config and manifest
+	index     ocispec.Index
+	mtime     time.Time // of every entry
+}
+
+// writeArchive writes the OCI image layout of ar to out: oci-layout, the
+// blobs (the layer first, copied from its file), then index.json.
+func writeArchive(ctx context.Context, out io.Writer, ar archive) error {
+	layer, layerFile, blobs, index, mtime := ar.layer, ar.layerFile, ar.blobs, ar.index, ar.mtime
 	layout, err := json.Marshal(ocispec.ImageLayout{Version: ocispec.ImageLayoutVersion})
 	if err != nil {
 		return fmt.Errorf("marshal oci-layout: %w", err)

@@ -11,7 +11,9 @@ import (
 	"path"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 // layerFile is one file of the image layer.
@@ -20,11 +22,46 @@ type layerFile struct {
 	dst string // path in the image, relative, e.g. "disk/disk.qcow2"
 }
 
+// Layer compressions.
+const (
+	compressionGzip = "gzip"
+	compressionZstd = "zstd"
+)
+
+// layerOptions say how the layer is written.
+type layerOptions struct {
+	mtime       time.Time // of every entry
+	compression string    // compressionGzip or compressionZstd
+	level       int       // gzip 1–9, or zstd 1–22
+	progress    *progress // counts the input bytes read; may be nil
+}
+
 // layerResult describes a written layer blob.
 type layerResult struct {
-	digest digest.Digest // of the gzip blob
-	size   int64         // of the gzip blob
-	diffID digest.Digest // of the uncompressed tar
+	mediaType string        // of the compressed blob
+	digest    digest.Digest // of the compressed blob
+	size      int64         // of the compressed blob
+	diffID    digest.Digest // of the uncompressed tar
+}
+
+// newCompressor returns the compressing writer of opts over w and the
+// layer's media type.
+func newCompressor(w io.Writer, opts layerOptions) (io.WriteCloser, string, error) {
+	switch opts.compression {
+	case compressionGzip, "":
+		gz, err := gzip.NewWriterLevel(w, opts.level)
+		if err != nil {
+			return nil, "", fmt.Errorf("gzip level %d: %w", opts.level, err)
+		}
+		return gz, ocispec.MediaTypeImageLayerGzip, nil
+	case compressionZstd:
+		zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.EncoderLevelFromZstd(opts.level)))
+		if err != nil {
+			return nil, "", fmt.Errorf("zstd level %d: %w", opts.level, err)
+		}
+		return zw, ocispec.MediaTypeImageLayerZstd, nil
+	}
+	return nil, "", fmt.Errorf("unknown layer compression %q", opts.compression)
 }
 
 // copyBufferSize is the chunk size used to stream files into the layer.
@@ -56,19 +93,27 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// writeLayer streams files into a gzip'd tar at out and returns its digests.
-// Parent directories come first; directories are 0755 and files 0444, all
-// owned by root, with modification time mtime. Neither the files nor the
-// layer are ever held in memory: both digests are computed while writing.
-func writeLayer(ctx context.Context, out io.Writer, files []layerFile, mtime time.Time, level int) (layerResult, error) {
+// writeLayer streams files into a compressed tar at out and returns its
+// digests. Parent directories come first; directories are 0755 and files
+// 0444, all owned by root, with modification time opts.mtime. Neither the
+// files nor the layer are ever held in memory: both digests are computed
+// while writing.
+func writeLayer(ctx context.Context, out io.Writer, files []layerFile, opts layerOptions) (layerResult, error) {
 	blobDigester := digest.Canonical.Digester()
 	blob := &countingWriter{w: io.MultiWriter(out, blobDigester.Hash())}
-	gz, err := gzip.NewWriterLevel(blob, level)
+	zw, mediaType, err := newCompressor(blob, opts)
 	if err != nil {
-		return layerResult{}, fmt.Errorf("gzip level %d: %w", level, err)
+		return layerResult{}, err
 	}
+	closed := false
+	defer func() {
+		if !closed {
+			zw.Close() // ends the zstd encoder's goroutines after a failure
+		}
+	}()
 	diffDigester := digest.Canonical.Digester()
-	tw := tar.NewWriter(io.MultiWriter(gz, diffDigester.Hash()))
+	tw := tar.NewWriter(io.MultiWriter(zw, diffDigester.Hash()))
+	mtime := opts.mtime
 
 	seen := map[string]bool{}
 	buf := make([]byte, copyBufferSize)
@@ -76,20 +121,22 @@ func writeLayer(ctx context.Context, out io.Writer, files []layerFile, mtime tim
 		if err := writeParents(tw, f.dst, mtime, seen); err != nil {
 			return layerResult{}, err
 		}
-		if err := writeFile(ctx, tw, f, mtime, buf); err != nil {
+		if err := writeFile(ctx, tw, f, mtime, buf, opts.progress); err != nil {
 			return layerResult{}, err
 		}
 	}
 	if err := tw.Close(); err != nil {
 		return layerResult{}, fmt.Errorf("finish layer tar: %w", err)
 	}
-	if err := gz.Close(); err != nil {
-		return layerResult{}, fmt.Errorf("finish layer gzip: %w", err)
+	closed = true
+	if err := zw.Close(); err != nil {
+		return layerResult{}, fmt.Errorf("finish layer %s: %w", opts.compression, err)
 	}
 	return layerResult{
-		digest: blobDigester.Digest(),
-		size:   blob.n,
-		diffID: diffDigester.Digest(),
+		mediaType: mediaType,
+		digest:    blobDigester.Digest(),
+		size:      blob.n,
+		diffID:    diffDigester.Digest(),
 	}, nil
 }
 
@@ -118,8 +165,9 @@ func writeParents(tw *tar.Writer, name string, mtime time.Time, seen map[string]
 	return nil
 }
 
-// writeFile streams one host file into the tar as a read-only regular file.
-func writeFile(ctx context.Context, tw *tar.Writer, f layerFile, mtime time.Time, buf []byte) error {
+// writeFile streams one host file into the tar as a read-only regular
+// file, counting what it reads into prog.
+func writeFile(ctx context.Context, tw *tar.Writer, f layerFile, mtime time.Time, buf []byte, prog *progress) error {
 	src, err := os.Open(f.src)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", f.src, err)
@@ -141,7 +189,7 @@ func writeFile(ctx context.Context, tw *tar.Writer, f layerFile, mtime time.Time
 	if err := tw.WriteHeader(hdr); err != nil {
 		return fmt.Errorf("write layer header %s: %w", f.dst, err)
 	}
-	n, err := io.CopyBuffer(tw, ctxReader{ctx: ctx, r: src}, buf)
+	n, err := io.CopyBuffer(tw, ctxReader{ctx: ctx, r: progressReader{r: src, p: prog}}, buf)
 	if err != nil {
 		return fmt.Errorf("copy %s into layer: %w", f.src, err)
 	}

@@ -1,46 +1,62 @@
 // Command vmshim-pack packs a VM disk, or a kernel and initrd, into an OCI
-// image archive that `ctr images import` and `nerdctl load` accept.
+// image in the KubeVirt containerDisk layout (/disk/disk.qcow2 or
+// /disk/disk.img; kernels under /boot/), written as an archive that
+// `ctr images import` and `nerdctl load` accept, or imported straight into
+// a containerd namespace and unpacked.
 //
 //	vmshim-pack --disk FILE --ref REF -o OUT.tar
 //	vmshim-pack --kernel FILE [--initrd FILE] --ref REF -o OUT.tar
+//	vmshim-pack --disk FILE --ref REF --import [--namespace NS]
+//
+// Run `vmshim-pack -h` for every flag.
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
 
+// usageHead is printed before the flags by -h.
+const usageHead = `usage: vmshim-pack (--disk FILE | --kernel FILE [--initrd FILE]) --ref REF (-o OUT.tar | --import) [flags]
+
+Packs a VM disk (qcow2 or raw) as /disk/disk.qcow2 or /disk/disk.img, or a
+kernel (bzImage or x86-64 ELF) and initrd as /boot/vmlinuz or /boot/vmlinux
+and /boot/initrd.img, into a one-layer OCI image for containerd-shim-vm-v2.
+
+Examples:
+  vmshim-pack --disk debian-12.qcow2 --ref localhost/vms/debian:12 -o debian.tar
+  vmshim-pack --kernel vmlinux --initrd initrd.img --ref localhost/vms/tiny:1 -o tiny.tar
+  vmshim-pack --disk debian-12.qcow2 --ref localhost/vms/debian:12 --import --namespace k8s.io
+  vmshim-pack --disk disk.raw --qcow2 --compression zstd --ref localhost/vms/raw:1 -o raw.tar
+  vmshim-pack --disk debian-12.qcow2 --ref localhost/vms/debian:12 -o debian.tar \
+      --label org.opencontainers.image.source=https://example.org/vms --description "Debian 12"
+
+Flags:
+`
+
+// usageTail is printed after the flags by -h.
+const usageTail = `
+Environment:
+  SOURCE_DATE_EPOCH     image creation time and file times, for reproducible archives
+  CONTAINERD_ADDRESS    default of --address
+  CONTAINERD_NAMESPACE  default of --namespace
+  TMPDIR                where temporary files go when there is no -o
+`
+
 func main() {
-	var opts packOptions
-	fs := flag.NewFlagSet("vmshim-pack", flag.ExitOnError)
-	fs.StringVar(&opts.Disk, "disk", "", "qcow2 or raw disk `FILE`, packed as /disk/disk.qcow2 or /disk/disk.img")
-	fs.StringVar(&opts.Kernel, "kernel", "", "kernel `FILE` (bzImage or ELF), packed as /boot/vmlinuz or /boot/vmlinux")
-	fs.StringVar(&opts.Initrd, "initrd", "", "initrd `FILE`, packed as /boot/initrd.img (with --kernel)")
-	fs.StringVar(&opts.Ref, "ref", "", "image reference, e.g. localhost/vm/debian:12")
-	fs.StringVar(&opts.Output, "o", "", "output OCI archive `FILE`")
-	fs.IntVar(&opts.GzipLevel, "gzip-level", 6, "layer gzip level, 1 (fastest) to 9 (smallest)")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: vmshim-pack (--disk FILE | --kernel FILE [--initrd FILE]) --ref REF -o OUT.tar\n")
-		fs.PrintDefaults()
-	}
-	_ = fs.Parse(os.Args[1:])
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "vmshim-pack: unexpected argument %q\n", fs.Arg(0))
-		os.Exit(2)
-	}
-	created, err := creationTime()
+	opts, err := parseFlags(os.Args[1:], os.Stderr)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "vmshim-pack: %v\n", err)
 		os.Exit(2)
 	}
-	opts.Created = created
-
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err = pack(ctx, opts)
 	stop()
@@ -48,6 +64,92 @@ func main() {
 		fmt.Fprintf(os.Stderr, "vmshim-pack: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// parseFlags turns the command line into pack options; usage and progress
+// go to stderr. -h prints the usage and exits.
+func parseFlags(args []string, stderr *os.File) (packOptions, error) {
+	var opts packOptions
+	var importFlag bool
+	var progressFlag string
+	imp := importOptions{
+		Address:   envOr("CONTAINERD_ADDRESS", defaultAddress),
+		Namespace: envOr("CONTAINERD_NAMESPACE", defaultNamespace),
+	}
+	opts.Labels = map[string]string{}
+
+	fs := flag.NewFlagSet("vmshim-pack", flag.ExitOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&opts.Disk, "disk", "", "qcow2 or raw disk `FILE`, packed as /disk/disk.qcow2 or /disk/disk.img")
+	fs.StringVar(&opts.Kernel, "kernel", "", "kernel `FILE` (bzImage or ELF), packed as /boot/vmlinuz or /boot/vmlinux")
+	fs.StringVar(&opts.Initrd, "initrd", "", "initrd `FILE`, packed as /boot/initrd.img (with --kernel)")
+	fs.StringVar(&opts.Ref, "ref", "", "image reference `REF`, e.g. localhost/vms/debian:12")
+	fs.StringVar(&opts.Output, "o", "", "write the OCI archive to `FILE` (atomically)")
+	fs.BoolVar(&importFlag, "import", false, "import the image into containerd and unpack it (with or without -o)")
+	fs.StringVar(&imp.Address, "address", imp.Address, "containerd `SOCKET` for --import (env CONTAINERD_ADDRESS)")
+	fs.StringVar(&imp.Namespace, "namespace", imp.Namespace, "containerd `NAMESPACE` for --import, e.g. k8s.io for the CRI (env CONTAINERD_NAMESPACE)")
+	fs.StringVar(&imp.Snapshotter, "snapshotter", "", "`NAME` of the snapshotter --import unpacks for (default: containerd's default)")
+	fs.StringVar(&opts.Compression, "compression", compressionGzip, "layer compression `NAME`: gzip or zstd")
+	fs.IntVar(&opts.GzipLevel, "gzip-level", 6, "gzip `LEVEL`, 1 (fastest) to 9 (smallest)")
+	fs.IntVar(&opts.ZstdLevel, "zstd-level", 3, "zstd `LEVEL`, 1 (fastest) to 22 (smallest), in four steps: 1-2, 3-5, 6-9, 10-22")
+	fs.BoolVar(&opts.Qcow2, "qcow2", false, "convert a raw disk to qcow2 before packing (a temporary file next to -o)")
+	fs.StringVar(&opts.QemuImg, "qemu-img", "qemu-img", "qemu-img `BINARY` for --qcow2")
+	fs.Func("label", "add the image config label `KEY=VALUE` (repeatable; not io.vmshim.*)", func(s string) error {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("want KEY=VALUE")
+		}
+		opts.Labels[k] = v
+		return nil
+	})
+	fs.StringVar(&opts.Description, "description", "", "set the label org.opencontainers.image.description to `TEXT`")
+	fs.StringVar(&progressFlag, "progress", "auto", "how to report the input bytes read on stderr, `MODE` auto (a live line when stderr is a terminal), plain (a line every 10%) or none")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageHead)
+		printFlags(fs.Output(), fs)
+		fmt.Fprint(fs.Output(), usageTail)
+	}
+	_ = fs.Parse(args)
+	if fs.NArg() > 0 {
+		return opts, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if importFlag {
+		opts.Import = &imp
+	}
+	mode, err := parseProgressMode(progressFlag, isTerminal(stderr.Fd()))
+	if err != nil {
+		return opts, err
+	}
+	opts.Progress = progressOptions{Mode: mode, Out: stderr}
+	opts.Created, err = creationTime()
+	return opts, err
+}
+
+// printFlags lists the flags of fs as the examples write them: two dashes,
+// one for -o (the flag package takes either).
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if len(f.Name) == 1 {
+			line = "  -" + f.Name
+		}
+		if arg != "" {
+			line += " " + arg
+		}
+		if f.DefValue != "" && f.DefValue != "false" {
+			usage += " (default " + f.DefValue + ")"
+		}
+		fmt.Fprintf(w, "%s\n    \t%s\n", line, usage)
+	})
+}
+
+// envOr is the environment variable key, or def when it is unset or empty.
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
 }
 
 // creationTime is SOURCE_DATE_EPOCH when set (reproducible archives), else now.

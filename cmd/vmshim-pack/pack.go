@@ -3,104 +3,166 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
-	"strconv"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/distribution/reference"
-	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
-// Labels set on the image config; they describe what the image boots.
-const (
-	labelKind        = "io.vmshim.image.kind"        // "disk" or "kernel"
-	labelDiskFormat  = "io.vmshim.disk.format"       // "qcow2" or "raw"
-	labelDiskPath    = "io.vmshim.disk.path"         // absolute path of the disk in the rootfs
-	labelDiskSize    = "io.vmshim.disk.virtual-size" // guest-visible disk size in bytes
-	labelKernelPath  = "io.vmshim.kernel.path"       // absolute path of the kernel in the rootfs
-	labelKernelKind  = "io.vmshim.kernel.format"     // "vmlinuz" (bzImage) or "vmlinux" (ELF)
-	labelInitrdPath  = "io.vmshim.initrd.path"       // absolute path of the initrd in the rootfs
-	annotationImgRef = "io.containerd.image.name"    // full image name, read by ctr and nerdctl on import
-)
+// annotationImgRef is the full image name on the index's manifest, read by
+// ctr, nerdctl and the containerd client on import.
+const annotationImgRef = "io.containerd.image.name"
 
 // packOptions says what to pack and where.
 type packOptions struct {
-	Disk      string    // qcow2 or raw disk; excludes Kernel
-	Kernel    string    // bzImage or ELF kernel; excludes Disk
-	Initrd    string    // optional initrd, only with Kernel
-	Ref       string    // image reference, e.g. localhost/vm/debian:12
-	Output    string    // path of the OCI archive to write
-	Created   time.Time // image creation time, also used as file mtime
-	GzipLevel int       // 1 (fastest) to 9 (smallest)
-}
-
-// imagePlan is what goes into the image: the layer's files and the labels.
-type imagePlan struct {
-	files  []layerFile
-	labels map[string]string
-	cmd    []string
+	Disk        string            // qcow2 or raw disk; excludes Kernel
+	Kernel      string            // bzImage or ELF kernel; excludes Disk
+	Initrd      string            // optional initrd, only with Kernel
+	Ref         string            // image reference, e.g. localhost/vm/debian:12
+	Output      string            // path of the OCI archive to write; may be empty with Import
+	Created     time.Time         // image creation time, also used as file mtime
+	Compression string            // compressionGzip (also when empty) or compressionZstd
+	GzipLevel   int               // 1 (fastest) to 9 (smallest), with gzip
+	ZstdLevel   int               // 1 (fastest) to 22 (smallest), with zstd
+	Qcow2       bool              // convert a raw Disk to qcow2 before packing
+	QemuImg     string            // qemu-img binary for Qcow2; "qemu-img" when empty
+	Labels      map[string]string // extra image config labels, none under io.vmshim.
+	Description string            // org.opencontainers.image.description, when set
+	Import      *importOptions    // also import into containerd, when set
+	Progress    progressOptions   // how to report the input bytes read
 }
 
 // pack writes an OCI image layout archive holding the disk, or the kernel
-// and initrd, of opts, named opts.Ref. The archive appears at opts.Output
-// only when complete.
+// and initrd, of opts, named opts.Ref, and imports it into containerd when
+// opts.Import is set. The archive appears at opts.Output only when
+// complete; without opts.Output it is streamed to containerd and never
+// stored.
 func pack(ctx context.Context, opts packOptions) (retErr error) {
 	name, tag, err := checkOptions(opts)
 	if err != nil {
 		return err
 	}
-	var plan imagePlan
-	if opts.Disk != "" {
-		plan, err = planDisk(ctx, opts.Disk)
-	} else {
-		plan, err = planKernel(opts.Kernel, opts.Initrd)
+	var imp *importer
+	if opts.Import != nil {
+		// Before the packing, which can take minutes, so that a wrong
+		// socket fails at once.
+		if imp, err = dialContainerd(ctx, *opts.Import); err != nil {
+			return err
+		}
+		defer imp.close()
 	}
+	dir := os.TempDir()
+	if opts.Output != "" {
+		dir = filepath.Dir(opts.Output)
+	}
+	plan, err := makePlan(ctx, opts, dir)
+	defer plan.removeTemp()
 	if err != nil {
 		return err
 	}
 
-	dir := filepath.Dir(opts.Output)
 	layerTmp, err := os.CreateTemp(dir, ".vmshim-pack-layer-*")
 	if err != nil {
-		return fmt.Errorf("create temporary layer next to %s: %w", opts.Output, err)
+		return fmt.Errorf("create temporary layer in %s: %w", dir, err)
 	}
 	defer func() {
 		layerTmp.Close()
 		os.Remove(layerTmp.Name())
 	}()
 	mtime := opts.Created.UTC().Truncate(time.Second)
-	layer, err := writeLayer(ctx, layerTmp, plan.files, mtime, opts.GzipLevel)
+	prog := newProgress(opts.Progress, plan.name, plan.size)
+	lopts := layerOptions{mtime: mtime, compression: compressionGzip, level: opts.GzipLevel, progress: prog}
+	if opts.Compression == compressionZstd {
+		lopts.compression, lopts.level = compressionZstd, opts.ZstdLevel
+	}
+	layer, err := writeLayer(ctx, layerTmp, plan.files, lopts)
 	if err != nil {
 		return fmt.Errorf("write layer for %s: %w", opts.Ref, err)
 	}
+	prog.finish()
 
 	config, manifest, err := imageBlobs(plan, layer, mtime)
 	if err != nil {
 		return err
 	}
-	index := ocispec.Index{
+	a := archive{
+		layer:     ocispec.Descriptor{MediaType: layer.mediaType, Digest: layer.digest, Size: layer.size},
+		layerFile: layerTmp,
+		blobs:     []jsonBlob{config, manifest},
+		index:     imageIndex(manifest.desc, name, tag),
+		mtime:     mtime,
+	}
+	if opts.Output != "" {
+		if err := writeOutput(ctx, opts.Output, a); err != nil {
+			return err
+		}
+		log.G(ctx).WithField("ref", name).WithField("manifest", manifest.desc.Digest.String()).
+			Debugf("packed %s", opts.Output)
+	}
+	if imp == nil {
+		return nil
+	}
+	prog.note("importing %s into containerd namespace %s", name, opts.Import.Namespace)
+	if opts.Output != "" {
+		f, err := os.Open(opts.Output)
+		if err != nil {
+			return fmt.Errorf("open archive %s for import: %w", opts.Output, err)
+		}
+		defer f.Close()
+		return imp.importArchive(ctx, f, name)
+	}
+	return importStream(ctx, imp, a, name)
+}
+
+// importStream writes the archive a straight into containerd's import,
+// through a pipe.
+func importStream(ctx context.Context, imp *importer, a archive, name string) error {
+	pr, pw := io.Pipe()
+	written := make(chan struct{})
+	go func() {
+		defer close(written)
+		pw.CloseWithError(writeArchive(ctx, pw, a))
+	}()
+	err := imp.importArchive(ctx, pr, name)
+	// Unblocks the writer when the import stopped reading early.
+	pr.CloseWithError(io.ErrClosedPipe)
+	<-written
+	return err
+}
+
+// imageIndex is the index.json naming manifest name (for containerd and
+// nerdctl) and tag (for OCI tools).
+func imageIndex(manifest ocispec.Descriptor, name, tag string) ocispec.Index {
+	platform := imagePlatform()
+	return ocispec.Index{
 		Versioned: specs.Versioned{SchemaVersion: 2},
 		MediaType: ocispec.MediaTypeImageIndex,
 		Manifests: []ocispec.Descriptor{{
-			MediaType: manifest.desc.MediaType,
-			Digest:    manifest.desc.Digest,
-			Size:      manifest.desc.Size,
-			Platform:  &ocispec.Platform{Architecture: "amd64", OS: "linux"},
+			MediaType: manifest.MediaType,
+			Digest:    manifest.Digest,
+			Size:      manifest.Size,
+			Platform:  &platform,
 			Annotations: map[string]string{
 				annotationImgRef:          name,
 				ocispec.AnnotationRefName: tag,
 			},
 		}},
 	}
+}
 
-	out, err := os.CreateTemp(dir, ".vmshim-pack-out-*")
+// writeOutput writes the archive a to a temporary file next to path and
+// renames it to path once complete.
+func writeOutput(ctx context.Context, path string, a archive) (retErr error) {
+	out, err := os.CreateTemp(filepath.Dir(path), ".vmshim-pack-out-*")
 	if err != nil {
-		return fmt.Errorf("create temporary archive next to %s: %w", opts.Output, err)
+		return fmt.Errorf("create temporary archive next to %s: %w", path, err)
 	}
 	defer func() {
 		if retErr != nil {
@@ -108,21 +170,18 @@ func pack(ctx context.Context, opts packOptions) (retErr error) {
 			os.Remove(out.Name())
 		}
 	}()
-	layerDesc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayerGzip, Digest: layer.digest, Size: layer.size}
-	if err := writeArchive(ctx, out, layerDesc, layerTmp, []jsonBlob{config, manifest}, index, mtime); err != nil {
-		return fmt.Errorf("write archive %s: %w", opts.Output, err)
+	if err := writeArchive(ctx, out, a); err != nil {
+		return fmt.Errorf("write archive %s: %w", path, err)
 	}
 	if err := out.Chmod(0o644); err != nil {
-		return fmt.Errorf("chmod archive %s: %w", opts.Output, err)
+		return fmt.Errorf("chmod archive %s: %w", path, err)
 	}
 	if err := out.Close(); err != nil {
-		return fmt.Errorf("close archive %s: %w", opts.Output, err)
+		return fmt.Errorf("close archive %s: %w", path, err)
 	}
-	if err := os.Rename(out.Name(), opts.Output); err != nil {
-		return fmt.Errorf("rename archive to %s: %w", opts.Output, err)
+	if err := os.Rename(out.Name(), path); err != nil {
+		return fmt.Errorf("rename archive to %s: %w", path, err)
 	}
-	log.G(ctx).WithField("ref", name).WithField("manifest", manifest.desc.Digest.String()).
-		Debugf("packed %s", opts.Output)
 	return nil
 }
 
@@ -136,10 +195,30 @@ func checkOptions(opts packOptions) (name, tag string, err error) {
 		return "", "", fmt.Errorf("--disk and --kernel are exclusive: %w", errdefs.ErrInvalidArgument)
 	case opts.Initrd != "" && opts.Kernel == "":
 		return "", "", fmt.Errorf("--initrd needs --kernel: %w", errdefs.ErrInvalidArgument)
-	case opts.Output == "":
-		return "", "", fmt.Errorf("an output archive (-o) is required: %w", errdefs.ErrInvalidArgument)
-	case opts.GzipLevel < 1 || opts.GzipLevel > 9:
-		return "", "", fmt.Errorf("gzip level %d is not between 1 and 9: %w", opts.GzipLevel, errdefs.ErrInvalidArgument)
+	case opts.Qcow2 && opts.Disk == "":
+		return "", "", fmt.Errorf("--qcow2 needs --disk: %w", errdefs.ErrInvalidArgument)
+	case opts.Output == "" && opts.Import == nil:
+		return "", "", fmt.Errorf("an output archive (-o) or --import is required: %w", errdefs.ErrInvalidArgument)
+	}
+	switch opts.Compression {
+	case compressionGzip, "":
+		if opts.GzipLevel < 1 || opts.GzipLevel > 9 {
+			return "", "", fmt.Errorf("gzip level %d is not between 1 and 9: %w", opts.GzipLevel, errdefs.ErrInvalidArgument)
+		}
+	case compressionZstd:
+		if opts.ZstdLevel < 1 || opts.ZstdLevel > 22 {
+			return "", "", fmt.Errorf("zstd level %d is not between 1 and 22: %w", opts.ZstdLevel, errdefs.ErrInvalidArgument)
+		}
+	default:
+		return "", "", fmt.Errorf("compression %q is not gzip or zstd: %w", opts.Compression, errdefs.ErrInvalidArgument)
+	}
+	for k := range opts.Labels {
+		if k == "" {
+			return "", "", fmt.Errorf("a label has an empty key: %w", errdefs.ErrInvalidArgument)
+		}
+		if strings.HasPrefix(k, labelPrefix) {
+			return "", "", fmt.Errorf("label %s: keys starting with %s are set by vmshim-pack: %w", k, labelPrefix, errdefs.ErrInvalidArgument)
+		}
 	}
 	return normalizeRef(opts.Ref)
 }
@@ -159,105 +238,4 @@ func normalizeRef(ref string) (name, tag string, err error) {
 		return "", "", fmt.Errorf("image reference %q has a digest, want a tag: %w", ref, errdefs.ErrInvalidArgument)
 	}
 	return tagged.String(), tagged.Tag(), nil
-}
-
-// planDisk checks the disk and places it under /disk/ (the KubeVirt
-// containerDisk layout).
-func planDisk(ctx context.Context, path string) (imagePlan, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return imagePlan{}, fmt.Errorf("open disk %s: %w", path, err)
-	}
-	defer f.Close()
-	info, err := inspectDisk(path, f)
-	if err != nil {
-		return imagePlan{}, err
-	}
-	dst := "disk/disk.img"
-	if info.format == formatQcow2 {
-		dst = "disk/disk.qcow2"
-	} else {
-		log.G(ctx).WithField("disk", path).Warn("raw disks unpack fully allocated; qcow2 images are smaller")
-	}
-	return imagePlan{
-		files: []layerFile{{src: path, dst: dst}},
-		labels: map[string]string{
-			labelKind:       "disk",
-			labelDiskFormat: info.format,
-			labelDiskPath:   "/" + dst,
-			labelDiskSize:   strconv.FormatInt(info.virtualSize, 10),
-		},
-		cmd: []string{"/" + dst},
-	}, nil
-}
-
-// planKernel checks the kernel and initrd and places them under /boot/.
-// The kernel keeps the name of its kind: vmlinuz for a bzImage, vmlinux
-// for an uncompressed ELF.
-func planKernel(kernel, initrd string) (imagePlan, error) {
-	f, err := os.Open(kernel)
-	if err != nil {
-		return imagePlan{}, fmt.Errorf("open kernel %s: %w", kernel, err)
-	}
-	defer f.Close()
-	kind, err := inspectKernel(kernel, f)
-	if err != nil {
-		return imagePlan{}, err
-	}
-	dst := "boot/" + kind
-	plan := imagePlan{
-		files: []layerFile{{src: kernel, dst: dst}},
-		labels: map[string]string{
-			labelKind:       "kernel",
-			labelKernelPath: "/" + dst,
-			labelKernelKind: kind,
-		},
-		cmd: []string{"/" + dst},
-	}
-	if initrd == "" {
-		return plan, nil
-	}
-	g, err := os.Open(initrd)
-	if err != nil {
-		return imagePlan{}, fmt.Errorf("open initrd %s: %w", initrd, err)
-	}
-	defer g.Close()
-	if err := inspectInitrd(initrd, g); err != nil {
-		return imagePlan{}, err
-	}
-	plan.files = append(plan.files, layerFile{src: initrd, dst: "boot/initrd.img"})
-	plan.labels[labelInitrdPath] = "/boot/initrd.img"
-	return plan, nil
-}
-
-// imageBlobs builds the image config and the manifest for one layer.
-// The config's Cmd names the boot file: the shim ignores it, but CRI
-// refuses to create a container from an image without a command.
-func imageBlobs(plan imagePlan, layer layerResult, created time.Time) (config, manifest jsonBlob, err error) {
-	img := ocispec.Image{
-		Created:  &created,
-		Platform: ocispec.Platform{Architecture: "amd64", OS: "linux"},
-		Config:   ocispec.ImageConfig{Labels: plan.labels, Cmd: plan.cmd},
-		RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{layer.diffID}},
-		History:  []ocispec.History{{Created: &created, CreatedBy: "vmshim-pack"}},
-	}
-	config, err = newJSONBlob(ocispec.MediaTypeImageConfig, img)
-	if err != nil {
-		return jsonBlob{}, jsonBlob{}, err
-	}
-	m := ocispec.Manifest{
-		Versioned: specs.Versioned{SchemaVersion: 2},
-		MediaType: ocispec.MediaTypeImageManifest,
-		Config:    config.desc,
-		Layers: []ocispec.Descriptor{{
-			MediaType: ocispec.MediaTypeImageLayerGzip,
-			Digest:    layer.digest,
-			Size:      layer.size,
-		}},
-	}
-	manifest, err = newJSONBlob(ocispec.MediaTypeImageManifest, m)
-	if err != nil {
-		return jsonBlob{}, jsonBlob{}, err
-	}
-	return config, manifest, nil
 }

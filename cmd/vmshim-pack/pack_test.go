@@ -3,7 +3,6 @@ package main
 import (
 	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -15,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -315,14 +315,21 @@ func readImage(t *testing.T, path string) (ocispec.Descriptor, ocispec.Image, []
 	}
 	mustUnmarshal(t, blob(t, files, manifest.Config), &config)
 	ld := manifest.Layers[0]
-	if ld.MediaType != ocispec.MediaTypeImageLayerGzip {
-		t.Errorf("layer media type %s", ld.MediaType)
+	wantType := map[compression.Compression]string{
+		compression.Gzip: ocispec.MediaTypeImageLayerGzip,
+		compression.Zstd: ocispec.MediaTypeImageLayerZstd,
 	}
-	gz, err := gzip.NewReader(bytes.NewReader(blob(t, files, ld)))
+	layerBlob := blob(t, files, ld)
+	if c := compression.DetectCompression(layerBlob); ld.MediaType != wantType[c] {
+		t.Errorf("layer media type %s for a %s blob", ld.MediaType, c.Extension())
+	}
+	// Decompressed the way containerd does when it unpacks.
+	dr, err := compression.DecompressStream(bytes.NewReader(layerBlob))
 	if err != nil {
 		t.Fatal(err)
 	}
-	layerTar, err := io.ReadAll(gz)
+	layerTar, err := io.ReadAll(dr)
+	dr.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,6 +418,7 @@ func TestPackRoundTrip(t *testing.T) {
 			if md.Annotations[annotationImgRef] != tt.ref || md.Annotations[ocispec.AnnotationRefName] != tag {
 				t.Errorf("index annotations %v, want %s and tag %s", md.Annotations, tt.ref, tag)
 			}
+			tt.labels[ocispec.AnnotationCreated] = "2024-05-06T07:08:09Z"
 			if len(config.Config.Labels) != len(tt.labels) {
 				t.Errorf("labels %v, want %v", config.Config.Labels, tt.labels)
 			}
