@@ -14,6 +14,8 @@ LDFLAGS  := -s -w -X github.com/vmshim/vmshim/shim.Version=$(VERSION) -X github.
 export VMSHIM_CACHE ?= $(HOME)/.cache/vmshim
 CONTAINERD_VERSION ?= v2.4.2
 CONTAINERD_DIR := $(VMSHIM_CACHE)/tools/containerd-$(CONTAINERD_VERSION)
+NERDCTL_VERSION ?= v2.0.0
+NERDCTL        := $(VMSHIM_CACHE)/tools/nerdctl-$(NERDCTL_VERSION)/nerdctl
 GUEST_DIR      := $(VMSHIM_CACHE)/guest
 export PATH := /usr/local/go/bin:$(PATH)
 
@@ -30,7 +32,7 @@ install: build ## install the shim and vmshim-pack into $(PREFIX)/bin
 	install -D -m 0755 $(BIN)/vmshim-pack $(DESTDIR)$(PREFIX)/bin/vmshim-pack
 
 setup: ## install Debian packages and build containerd (idempotent, cached)
-	CONTAINERD_VERSION=$(CONTAINERD_VERSION) integration/setup/deps.sh >/dev/null
+	CONTAINERD_VERSION=$(CONTAINERD_VERSION) NERDCTL_VERSION=$(NERDCTL_VERSION) integration/setup/deps.sh >/dev/null
 
 guest: setup build ## build the test guests from Debian packages (cached)
 	VMSHIM_PACK=$(BIN)/vmshim-pack integration/guest/build.sh $(GUEST_DIR)
@@ -44,7 +46,7 @@ unit: ## run the unit tests (those needing containerd use it once `make setup` b
 
 integration: guest cloud-guest ## run the integration tests against a real containerd, QEMU and guests
 	VMSHIM_INTEGRATION=1 VMSHIM_BIN=$(BIN) VMSHIM_CONTAINERD=$(CONTAINERD_DIR) VMSHIM_GUEST=$(GUEST_DIR) \
-		VMSHIM_GUEST_TEST=1 VMSHIM_GUEST_DIR=$(GUEST_DIR) \
+		VMSHIM_NERDCTL=$(NERDCTL) VMSHIM_GUEST_TEST=1 VMSHIM_GUEST_DIR=$(GUEST_DIR) \
 		$(GO) test -count=1 -timeout 40m -v ./integration/...
 
 test: setup unit integration ## set up and run all tests

@@ -106,16 +106,27 @@ func uniqueID(t *testing.T) string {
 // startVM creates and starts a VM task from an imported image.
 func startVM(ctx context.Context, t *testing.T, ref string) *vm {
 	t.Helper()
+	v, err := createVM(ctx, t, uniqueID(t), ref, nil)
+	if err != nil {
+		t.Fatalf("create task: %v\ncontainerd log:\n%s", err, env.daemon.logTail())
+	}
+	v.start(ctx, t)
+	return v
+}
+
+// createVM creates VM task id from an imported image, with the runtime
+// options and spec options given; the task is not started.
+func createVM(ctx context.Context, t *testing.T, id, ref string, runtimeOpts any, opts ...oci.SpecOpts) (*vm, error) {
+	t.Helper()
 	img, err := env.client.GetImage(ctx, ref)
 	if err != nil {
 		t.Fatalf("get image %s: %v", ref, err)
 	}
-	id := uniqueID(t)
 	c, err := env.client.NewContainer(ctx, id,
 		client.WithImage(img),
 		client.WithNewSnapshot(id, img),
-		client.WithRuntime(runtimeName, nil),
-		client.WithNewSpec(oci.WithImageConfig(img), oci.WithHostname(id)),
+		client.WithRuntime(runtimeName, runtimeOpts),
+		client.WithNewSpec(append([]oci.SpecOpts{oci.WithImageConfig(img), oci.WithHostname(id)}, opts...)...),
 	)
 	if err != nil {
 		t.Fatalf("create container: %v", err)
@@ -123,16 +134,19 @@ func startVM(ctx context.Context, t *testing.T, ref string) *vm {
 	v := &vm{id: id, container: c, console: newConsoleOut()}
 	t.Cleanup(func() { v.remove(t) })
 	v.task, err = c.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, v.console, io.Discard)))
-	if err != nil {
-		t.Fatalf("create task: %v\ncontainerd log:\n%s", err, env.daemon.logTail())
-	}
+	return v, err
+}
+
+// start starts a created VM task.
+func (v *vm) start(ctx context.Context, t *testing.T) {
+	t.Helper()
+	var err error
 	if v.exit, err = v.task.Wait(ctx); err != nil {
 		t.Fatalf("wait task: %v", err)
 	}
 	if err := v.task.Start(ctx); err != nil {
 		t.Fatalf("start task: %v", err)
 	}
-	return v
 }
 
 // waitExit waits for the task to exit and returns its status.
@@ -194,6 +208,9 @@ func assertNothingLeft(ctx context.Context, t *testing.T, id string) {
 	sum := sha256.Sum256([]byte(testNamespace + "/" + id))
 	if _, err := os.Stat(filepath.Join("/run/vmshim", hex.EncodeToString(sum[:8]))); err == nil {
 		t.Errorf("runtime dir left for %s", id)
+	}
+	if _, err := os.Stat(filepath.Join("/run/netns", "vmshim-"+hex.EncodeToString(sum[:8]))); err == nil {
+		t.Errorf("network namespace left for %s", id)
 	}
 	// ctr's containers run in the cgroup /NAMESPACE/ID.
 	if left, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", testNamespace, id)); len(left) > 0 {

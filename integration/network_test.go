@@ -164,10 +164,17 @@ func assertNoCNIErrors(t *testing.T, d *daemon) {
 // nsPath and returns the response.
 func httpGet(ctx context.Context, t *testing.T, nsPath, ip string) string {
 	t.Helper()
+	return httpGetAddr(ctx, t, nsPath, net.JoinHostPort(ip, "8080"))
+}
+
+// httpGetAddr fetches http://addr/ from inside the network namespace at
+// nsPath and returns the response.
+func httpGetAddr(ctx context.Context, t *testing.T, nsPath, addr string) string {
+	t.Helper()
 	var body string
 	err := inNetns(nsPath, func() error {
 		var d net.Dialer
-		conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(ip, "8080"))
+		conn, err := d.DialContext(ctx, "tcp", addr)
 		if err != nil {
 			return err
 		}
@@ -181,7 +188,7 @@ func httpGet(ctx context.Context, t *testing.T, nsPath, ip string) string {
 		return err
 	})
 	if err != nil {
-		t.Errorf("GET %s:8080 from %s: %v", ip, nsPath, err)
+		t.Errorf("GET %s from %s: %v", addr, nsPath, err)
 	}
 	return body
 }

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs what vmshim's demo and tests need on a Debian 12 machine:
-# Debian packages, and containerd built with `go install` into the tools dir.
+# Debian packages, containerd built with `go install`, and nerdctl built
+# from a throw-away tool module, into the tools dir.
 # Idempotent: a second run installs and builds nothing.
 set -euo pipefail
 
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
 CACHE=${VMSHIM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vmshim}
+NERDCTL_VERSION=${NERDCTL_VERSION:-v2.0.0}
 TOOLS=$CACHE/tools/containerd-$CONTAINERD_VERSION
+NERDCTL_DIR=$CACHE/tools/nerdctl-$NERDCTL_VERSION
 
 PACKAGES=(
 	qemu-system-x86 qemu-utils         # the VMMs and qcow2 tooling
@@ -46,5 +49,23 @@ if [ ! -x "$TOOLS/containerd" ] || [ ! -x "$TOOLS/ctr" ]; then
 	GOBIN=$TOOLS CGO_ENABLED=0 GOFLAGS=-buildvcs=false \
 		go install "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
 		"github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION"
+fi
+# `go install nerdctl@version` fails (the module proxy refuses to list
+# nerdctl's versions), and the checksum database lacks some of the modules
+# it needs: build it from a tool module of its own, those modules exempt.
+if [ ! -x "$NERDCTL_DIR/nerdctl" ]; then
+	log "building nerdctl $NERDCTL_VERSION into $NERDCTL_DIR"
+	mod=$(mktemp -d)
+	trap 'rm -rf "$mod"' EXIT
+	(
+		cd "$mod"
+		export GONOSUMDB=github.com/containerd/nerdctl,github.com/containerd/nydus-snapshotter,github.com/containerd/stargz-snapshotter/ipfs
+		export GOFLAGS=-buildvcs=false CGO_ENABLED=0
+		go mod init vmshim-tools >/dev/null 2>&1
+		go get -tool "github.com/containerd/nerdctl/v2/cmd/nerdctl@$NERDCTL_VERSION" 2>/dev/null
+		mkdir -p "$NERDCTL_DIR"
+		go build -o "$NERDCTL_DIR/nerdctl.tmp" github.com/containerd/nerdctl/v2/cmd/nerdctl
+		mv "$NERDCTL_DIR/nerdctl.tmp" "$NERDCTL_DIR/nerdctl"
+	)
 fi
 echo "$TOOLS"
