@@ -27,6 +27,10 @@ type CNIConfig struct {
 	ConfDir  string   // e.g. /etc/cni/net.d
 	BinDirs  []string // e.g. /opt/cni/bin, /usr/lib/cni
 	CacheDir string   // libcni cache dir; "" = libcni default (/var/lib/cni)
+	// Record, when set, is called once with the attachment before ADD
+	// runs, so that a caller can write down what Detach needs before
+	// anything changes. If Record fails, nothing runs.
+	Record func(*CNIAttachment) error
 }
 
 // CNIAttachment is one attachment, JSON-serialisable so it can be recorded in the bundle and undone later.
@@ -72,6 +76,11 @@ func AttachCNI(ctx context.Context, c CNIConfig, containerID, netns string) (_ *
 	}
 	if err := a.checkPlugins(list); err != nil {
 		return nil, err
+	}
+	if c.Record != nil {
+		if err := c.Record(a); err != nil {
+			return nil, fmt.Errorf("cni network %q: record attachment: %w", a.Network, err)
+		}
 	}
 	res, err := a.cni().AddNetworkList(ctx, list, a.runtimeConf())
 	defer func() {

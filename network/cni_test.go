@@ -240,6 +240,37 @@ func TestCNIAttachDetach(t *testing.T) {
 	}
 }
 
+// TestCNIRecordBeforeAdd checks that Record sees the attachment before ADD
+// changes anything, and that a failing Record stops AttachCNI there.
+func TestCNIRecordBeforeAdd(t *testing.T) {
+	e := newCNIEnv(t)
+	ctx := testCtx(t)
+	var recorded *CNIAttachment
+	c := e.conf
+	c.Record = func(a *CNIAttachment) error {
+		if leases := e.leases(); len(leases) != 0 {
+			t.Errorf("leases %v exist when Record runs", leases)
+		}
+		recorded = a
+		return nil
+	}
+	a, err := e.attach(ctx, c, "default-rec")
+	if err != nil {
+		t.Fatalf("AttachCNI: %v", err)
+	}
+	if recorded != a || len(recorded.ConfList) == 0 {
+		t.Fatalf("Record got %+v, want the attachment returned", recorded)
+	}
+
+	c.Record = func(*CNIAttachment) error { return errors.New("disk full") }
+	if _, err := e.attach(ctx, c, "default-norec"); err == nil || !strings.Contains(err.Error(), "disk full") {
+		t.Fatalf("AttachCNI with a failing Record: %v", err)
+	}
+	if leases := e.leases(); len(leases) != 1 {
+		t.Errorf("leases %v, want only default-rec's", leases)
+	}
+}
+
 func TestCNIDetachFromRecord(t *testing.T) {
 	for _, tc := range []struct {
 		name      string

@@ -69,6 +69,9 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 	if err != nil {
 		return nil, err
 	}
+	if err := newOCIHooks(r.ID, r.Bundle, spec, "").check(); err != nil {
+		return nil, err
+	}
 	release, err := l.claimPod(spec.Annotations[groupAnnotation], r.ID)
 	if err != nil {
 		return nil, err
@@ -158,9 +161,6 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		return nil, err
 	}
 	hooks := newOCIHooks(r.ID, r.Bundle, spec, nsPath)
-	if err := hooks.check(); err != nil {
-		return nil, err
-	}
 	if hooks.any() {
 		// From here on, poststop hooks run whatever happens, as the
 		// runtime spec asks of a failed create too.
@@ -446,8 +446,8 @@ func (l *qemuLauncher) vmNetns(ctx context.Context, ns, id string, spec *specs.S
 
 // attachCNI puts the namespace the shim made for the task on the CNI
 // network cni_network names, unless hooks have given it a network already
-// (nerdctl does). The attachment is recorded so that release, or the
-// delete action after a crash, detaches it.
+// (nerdctl does). The attachment is recorded before ADD, so that release,
+// or the delete action after a crash, detaches it.
 func attachCNI(ctx context.Context, cfg config.Config, ns, id string, rec *record) error {
 	empty, err := netnsIsEmpty(rec.Netns)
 	if err != nil {
@@ -459,17 +459,13 @@ func attachCNI(ctx context.Context, cfg config.Config, ns, id string, rec *recor
 	}
 	att, err := network.AttachCNI(ctx, network.CNIConfig{
 		Network: cfg.CNINetwork, ConfDir: cfg.CNIConfDir, BinDirs: cfg.CNIBinDirs,
+		Record: func(a *network.CNIAttachment) error {
+			rec.CNI = a
+			return rec.save()
+		},
 	}, ns+"-"+id, rec.Netns)
 	if err != nil {
 		return fmt.Errorf("config cni_network: %w", err)
-	}
-	rec.CNI = att
-	if err := rec.save(); err != nil {
-		if derr := att.Detach(ctx); derr != nil {
-			log.G(ctx).WithError(derr).Warn("detach cni network")
-		}
-		rec.CNI = nil
-		return err
 	}
 	log.G(ctx).WithFields(log.Fields{"id": id, "network": att.Network, "ips": att.IPs}).Info("cni network attached")
 	return nil
