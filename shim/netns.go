@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/vishvananda/netlink"
@@ -43,35 +42,19 @@ func createNetns(path string) (retErr error) {
 			_ = removeNetns(path)
 		}
 	}()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
+	return onThread(func() error {
+		if err := unix.Mount("/proc/thread-self/ns/net", path, "none", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("pin netns at %s: %w", path, err)
+		}
+		lo, err := netlink.LinkByName("lo")
 		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("current netns: %w", err)
-			return
+			return fmt.Errorf("loopback in new netns: %w", err)
 		}
-		defer orig.Close()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("new netns: %w", err)
-			return
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return fmt.Errorf("loopback up in new netns: %w", err)
 		}
-		err = unix.Mount("/proc/thread-self/ns/net", path, "none", unix.MS_BIND, "")
-		if err != nil {
-			err = fmt.Errorf("pin netns at %s: %w", path, err)
-		} else if lo, lerr := netlink.LinkByName("lo"); lerr != nil {
-			err = fmt.Errorf("loopback in new netns: %w", lerr)
-		} else if lerr := netlink.LinkSetUp(lo); lerr != nil {
-			err = fmt.Errorf("loopback up in new netns: %w", lerr)
-		}
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		} // else the thread dies with this goroutine
-		errc <- err
-	}()
-	return <-errc
+		return nil
+	}, newNetnsStep)
 }
 
 // removeNetns unpins and removes a namespace createNetns made; a missing

@@ -6,6 +6,7 @@ import (
 	"runtime"
 
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // threadStep moves the calling goroutine's locked OS thread into something
@@ -14,13 +15,19 @@ import (
 type threadStep func() (back func() bool, err error)
 
 // forkFrom starts cmd from an OS thread that the steps, in order, have
-// moved; the child inherits where the thread was moved to. Steps are
-// undone in reverse. Should undoing fail, the thread stays locked and ends
-// with its goroutine, so it never runs other Go code. (The runtime makes
-// new threads from a template thread, never from a locked one.)
+// moved; the child inherits where the thread was moved to.
 func forkFrom(cmd *exec.Cmd, steps ...threadStep) error {
+	return onThread(cmd.Start, steps...)
+}
+
+// onThread runs fn on an OS thread that the steps, in order, have moved,
+// and undoes the steps in reverse. Should undoing fail, the thread stays
+// locked and ends with its goroutine, so it never runs other Go code. (The
+// runtime makes new threads from a template thread, never from a locked
+// one.)
+func onThread(fn func() error, steps ...threadStep) error {
 	if len(steps) == 0 {
-		return cmd.Start()
+		return fn()
 	}
 	errc := make(chan error, 1)
 	go func() {
@@ -44,7 +51,7 @@ func forkFrom(cmd *exec.Cmd, steps ...threadStep) error {
 			}
 			backs = append(backs, back)
 		}
-		err := cmd.Start()
+		err := fn()
 		if undo() {
 			runtime.UnlockOSThread()
 		}
@@ -74,4 +81,21 @@ func joinNetns(path string) threadStep {
 			return netns.Set(orig) == nil
 		}, nil
 	}
+}
+
+// newNetnsStep is the threadStep that moves the calling thread into a new,
+// empty network namespace.
+func newNetnsStep() (func() bool, error) {
+	orig, err := netns.Get()
+	if err != nil {
+		return nil, fmt.Errorf("current netns: %w", err)
+	}
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		orig.Close()
+		return nil, fmt.Errorf("new netns: %w", err)
+	}
+	return func() bool {
+		defer orig.Close()
+		return netns.Set(orig) == nil
+	}, nil
 }
