@@ -106,7 +106,11 @@ type startHooks interface {
 // start runs the VM's vCPUs.
 func (t *task) start(ctx context.Context) error {
 	t.mu.Lock()
-	if t.st != stateCreated || t.starting {
+	if t.starting {
+		t.mu.Unlock()
+		return fmt.Errorf("task %s is being started already: %w", t.id, errdefs.ErrFailedPrecondition)
+	}
+	if t.st != stateCreated {
 		st := t.st
 		t.mu.Unlock()
 		return fmt.Errorf("task %s is %s, not created: %w", t.id, st, errdefs.ErrFailedPrecondition)
