@@ -27,10 +27,21 @@ const ctrCNI = `{
 
 // TestCtrCNINetwork checks config cni_network: a ctr task, whose spec asks
 // for a new network namespace and has no hooks, gets a VM with an address
-// from that network, reachable from the host side, released on exit.
+// from that network, reachable from the host side, released when the task
+// is deleted, or by the shim's delete action when the shim was killed.
 func TestCtrCNINetwork(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
-	defer cancel()
+	cfgPath := writeCNIConfig(t)
+	for _, killed := range []bool{false, true} {
+		name := "delete"
+		if killed {
+			name = "shim killed"
+		}
+		t.Run(name, func(t *testing.T) { testCtrCNI(t, cfgPath, killed) })
+	}
+}
+
+// writeCNIConfig writes the vmshim-ctr network and a shim config naming it.
+func writeCNIConfig(t *testing.T) string {
 	dir := env.daemon.dir
 	confDir := filepath.Join(dir, "ctr-cni")
 	if err := os.MkdirAll(confDir, 0o755); err != nil {
@@ -45,7 +56,13 @@ func TestCtrCNINetwork(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return cfgPath
+}
 
+func testCtrCNI(t *testing.T, cfgPath string, killed bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+	defer cancel()
+	dir := env.daemon.dir
 	id := uniqueID(t)
 	v, err := createVM(ctx, t, id, imageKernelWait, &runtimeoptions.Options{ConfigPath: cfgPath})
 	if err != nil {
@@ -74,13 +91,17 @@ func TestCtrCNINetwork(t *testing.T) {
 		t.Errorf("guest at %s answered %q", lease["ip"], body)
 	}
 
-	if err := v.task.Kill(ctx, syscall.SIGTERM); err != nil {
-		t.Fatal(err)
+	if killed {
+		killShim(ctx, t, v)
+	} else {
+		if err := v.task.Kill(ctx, syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if code := v.waitExit(ctx, t); code != 0 {
+			t.Errorf("exit %d after SIGTERM, want 0", code)
+		}
+		v.remove(t)
 	}
-	if code := v.waitExit(ctx, t); code != 0 {
-		t.Errorf("exit %d after SIGTERM, want 0", code)
-	}
-	v.remove(t)
 	if _, err := os.Stat(ipamEntry); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("IPAM entry for %s left after delete: %v", lease["ip"], err)
 	}

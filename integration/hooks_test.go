@@ -160,6 +160,28 @@ func TestHooks(t *testing.T) {
 		assertNothingLeft(ctx, t, id)
 	})
 
+	t.Run("shim killed", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+		defer cancel()
+		logPath := filepath.Join(dir, "killed.log")
+		id := uniqueID(t)
+		v, err := createVM(ctx, t, id, imageKernelWait, nil, withHooks(script, logPath, taskNetns(id), false))
+		if err != nil {
+			t.Fatalf("create: %v", err)
+		}
+		v.start(ctx, t)
+		v.console.waitFor(ctx, t, markerBooted)
+		killShim(ctx, t, v)
+		var phases []string
+		for _, c := range readHookLog(t, logPath) {
+			phases = append(phases, c.phase)
+		}
+		// The delete action runs poststop from the record in the bundle.
+		if got := strings.Join(phases, ","); got != "createRuntime,createContainer,startContainer,poststart,poststop" {
+			t.Errorf("hooks ran %s, want every phase once, poststop by the delete action", got)
+		}
+	})
+
 	t.Run("createRuntime fails", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
 		defer cancel()

@@ -155,6 +155,14 @@ func TestShimKilled(t *testing.T) {
 	defer cancel()
 	v := startVM(ctx, t, imageKernelWait)
 	v.console.waitFor(ctx, t, markerBooted)
+	killShim(ctx, t, v)
+}
+
+// killShim kills the shim of a running VM with SIGKILL and waits until
+// containerd has run its delete action: the task exits non-zero, QEMU is
+// gone and nothing of the task is left.
+func killShim(ctx context.Context, t *testing.T, v *vm) {
+	t.Helper()
 	shims := processesMentioning("containerd-shim-vm-v2 -namespace " + testNamespace + " -id " + v.id)
 	if len(shims) != 1 {
 		t.Fatalf("want one shim process for %s, found %v", v.id, shims)
