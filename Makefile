@@ -19,10 +19,10 @@ NERDCTL        := $(VMSHIM_CACHE)/tools/nerdctl-$(NERDCTL_VERSION)/nerdctl
 GUEST_DIR      := $(VMSHIM_CACHE)/guest
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: help build install setup guest cloud-guest unit integration test demo clean
+.PHONY: help build install setup guest cloud-guest unit integration test test-reliability bench demo clean
 
 help: ## show this help
-	@awk -F':.*## ' '/^[a-z-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk -F':.*## ' '/^[a-z-]+:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ## build the static shim and vmshim-pack into _output/bin
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
@@ -31,7 +31,7 @@ install: build ## install the shim and vmshim-pack into $(PREFIX)/bin
 	install -D -m 0755 $(BIN)/containerd-shim-vm-v2 $(DESTDIR)$(PREFIX)/bin/containerd-shim-vm-v2
 	install -D -m 0755 $(BIN)/vmshim-pack $(DESTDIR)$(PREFIX)/bin/vmshim-pack
 
-setup: ## install Debian packages and build containerd (idempotent, cached)
+setup: ## install Debian packages, build containerd, its runc shim and nerdctl (idempotent, cached)
 	CONTAINERD_VERSION=$(CONTAINERD_VERSION) NERDCTL_VERSION=$(NERDCTL_VERSION) integration/setup/deps.sh >/dev/null
 
 guest: setup build ## build the test guests from Debian packages (cached)
@@ -44,10 +44,23 @@ unit: ## run the unit tests (those needing containerd use it once `make setup` b
 	$(GO) vet ./...
 	VMSHIM_CONTAINERD=$$([ -x $(CONTAINERD_DIR)/containerd ] && echo $(CONTAINERD_DIR)) $(GO) test -count=1 ./...
 
+# What the integration tests need to find.
+IT_ENV := VMSHIM_INTEGRATION=1 VMSHIM_BIN=$(BIN) VMSHIM_CONTAINERD=$(CONTAINERD_DIR) VMSHIM_GUEST=$(GUEST_DIR) \
+	VMSHIM_NERDCTL=$(NERDCTL)
+# The reliability suite: churn, faults, bad input, security. `make test`
+# runs it too, with 20 churn cycles; VMSHIM_CHURN=200 is the full size.
+RELIABILITY := ^(TestChurn|TestFault.*|TestBadInput.*|TestBadImages.*|TestSecurity.*|TestQEMUKilled|TestShimKilled|TestCRIQEMUKilled|TestCRIShimKilled|TestCRIContainerdRestart)$$
+
 integration: guest cloud-guest ## run the integration tests against a real containerd, QEMU and guests
-	VMSHIM_INTEGRATION=1 VMSHIM_BIN=$(BIN) VMSHIM_CONTAINERD=$(CONTAINERD_DIR) VMSHIM_GUEST=$(GUEST_DIR) \
-		VMSHIM_NERDCTL=$(NERDCTL) VMSHIM_GUEST_TEST=1 VMSHIM_GUEST_DIR=$(GUEST_DIR) \
+	$(IT_ENV) VMSHIM_GUEST_TEST=1 VMSHIM_GUEST_DIR=$(GUEST_DIR) \
 		$(GO) test -count=1 -timeout 40m -v ./integration/...
+
+test-reliability: setup guest ## churn, faults, bad input and security (VMSHIM_CHURN=200 for the full churn)
+	$(IT_ENV) $(GO) test -count=1 -timeout 90m -v -run '$(RELIABILITY)' ./integration/
+
+bench: setup guest ## measure start latency, memory, density and teardown (table; JSON and SVG in _output/bench)
+	$(IT_ENV) VMSHIM_BENCH=1 VMSHIM_BENCH_OUT=$(OUT)/bench \
+		$(GO) test -count=1 -timeout 90m -v -run '^TestBench$$' ./integration/
 
 test: setup unit integration ## set up and run all tests
 

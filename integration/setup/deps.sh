@@ -18,6 +18,7 @@ PACKAGES=(
 	xz-utils zstd binutils             # test-guest kernel extraction (xz/zstd, readelf)
 	debootstrap e2fsprogs debian-archive-keyring  # cloud test guest: Debian root fs, ext4 image without mounts
 	containernetworking-plugins iproute2 iptables     # CNI for pod networking
+	runc                               # the runc pods `make bench` compares with
 	util-linux procps kmod
 )
 
@@ -43,12 +44,13 @@ apt_install() {
 
 apt_install "${PACKAGES[@]}"
 
-if [ ! -x "$TOOLS/containerd" ] || [ ! -x "$TOOLS/ctr" ]; then
-	log "building containerd $CONTAINERD_VERSION into $TOOLS"
+if [ ! -x "$TOOLS/containerd" ] || [ ! -x "$TOOLS/ctr" ] || [ ! -x "$TOOLS/containerd-shim-runc-v2" ]; then
+	log "building containerd $CONTAINERD_VERSION (with ctr and the runc shim) into $TOOLS"
 	mkdir -p "$TOOLS"
 	GOBIN=$TOOLS CGO_ENABLED=0 GOFLAGS=-buildvcs=false \
 		go install "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
-		"github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION"
+		"github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION" \
+		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
 fi
 # `go install nerdctl@version` fails (the module proxy refuses to list
 # nerdctl's versions), and the checksum database lacks some of the modules
