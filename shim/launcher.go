@@ -83,7 +83,7 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 	}()
 	binary, err := exec.LookPath(cfg.QEMUBinary)
 	if err != nil {
-		return nil, fmt.Errorf("qemu binary %q not found: %w", cfg.QEMUBinary, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("config qemu_binary: %q not found: %w", cfg.QEMUBinary, errdefs.ErrFailedPrecondition)
 	}
 	ns, _ := namespaces.Namespace(ctx)
 	rec := &record{ID: r.ID, Bundle: r.Bundle, RuntimeDir: runtimeDir(ns, r.ID)}

@@ -47,6 +47,9 @@ func openOutput(ctx context.Context, id, ns string, io stdio) (*output, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stdout %q: %w", io.stdout, errdefs.ErrInvalidArgument)
 	}
+	if u.Opaque != "" {
+		return nil, fmt.Errorf("stdout %q: the path is not absolute: %w", io.stdout, errdefs.ErrInvalidArgument)
+	}
 	switch u.Scheme {
 	case "", "fifo":
 		return openFifos(ctx, io)
@@ -55,7 +58,7 @@ func openOutput(ctx context.Context, id, ns string, io stdio) (*output, error) {
 	case "binary", "binary-v2":
 		return startLogger(ctx, id, ns, u)
 	}
-	return nil, fmt.Errorf("stdout %q: scheme %q is not one of fifo, file, binary: %w", io.stdout, u.Scheme, errdefs.ErrNotImplemented)
+	return nil, fmt.Errorf("stdout %q: scheme %q is not one of fifo, file, binary: %w", io.stdout, u.Scheme, errdefs.ErrInvalidArgument)
 }
 
 // openFifos opens the stdout and stderr fifos for writing. A read end of

@@ -72,7 +72,7 @@ func TestOutputRefused(t *testing.T) {
 		stdout string
 		is     func(error) bool
 	}{
-		{stdout: "tcp://x", is: errdefs.IsNotImplemented},
+		{stdout: "tcp://x", is: errdefs.IsInvalidArgument},
 		{stdout: "file:console.log", is: errdefs.IsInvalidArgument},
 		{stdout: "binary:logger?a=b", is: errdefs.IsInvalidArgument},
 		{stdout: "://x", is: errdefs.IsInvalidArgument},

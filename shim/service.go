@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 
 	eventstypes "github.com/containerd/containerd/api/events"
@@ -95,14 +96,14 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	ns, _ := namespaces.Namespace(ctx)
 	out, err := openOutput(ctx, r.ID, ns, io)
 	if err != nil {
-		return nil, errgrpc.ToGRPC(fmt.Errorf("task %s output: %w", r.ID, err))
+		return nil, errgrpc.ToGRPC(createError(fmt.Errorf("task %s output: %w", r.ID, err)))
 	}
 	vm, err := s.launcher.Launch(ctx, req)
 	if err != nil {
 		if cerr := out.Close(); cerr != nil {
 			log.G(ctx).WithError(cerr).Warn("close task output")
 		}
-		return nil, errgrpc.ToGRPC(err)
+		return nil, errgrpc.ToGRPC(createError(err))
 	}
 	t := newTask(s.ctx, r.ID, r.Bundle, io, out, vm, s.exited)
 	s.mu.Lock()
@@ -116,6 +117,18 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 		Pid:         uint32(vm.Pid()),
 	})
 	return &taskAPI.CreateTaskResponse{Pid: uint32(vm.Pid())}, nil
+}
+
+// createError keeps Create from failing with NotImplemented: containerd
+// reads that as a shim without the current task API, retries with an older
+// one and loses the message. Something the shim cannot do for this task is
+// a failed precondition of the task instead.
+func createError(err error) error {
+	if !errdefs.IsNotImplemented(err) {
+		return err
+	}
+	msg := strings.TrimSuffix(err.Error(), ": "+errdefs.ErrNotImplemented.Error())
+	return fmt.Errorf("%s: %w", msg, errdefs.ErrFailedPrecondition)
 }
 
 // Start runs the VM, or an exec's program in the guest.

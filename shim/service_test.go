@@ -516,3 +516,21 @@ func TestServiceExitPublishedBeforeWaitAndDelete(t *testing.T) {
 	expect[*eventstypes.TaskDelete](t, p, runtime.TaskDeleteEventTopic)
 	p.waitUntil(t, "publisher close", func() bool { return p.closed })
 }
+
+// TestServiceCreateNeverNotImplemented: containerd takes NotImplemented
+// from Create for an older task API and loses the message, so the shim
+// reports what it cannot do as a failed precondition, same text.
+func TestServiceCreateNeverNotImplemented(t *testing.T) {
+	s, l, _, _ := newService(t)
+	l.mu.Lock()
+	l.err = fmt.Errorf("route 10.0.0.0/8 on eth0: multipath routes are not supported: %w", errdefs.ErrNotImplemented)
+	l.mu.Unlock()
+	_, err := s.Create(context.Background(), &taskAPI.CreateTaskRequest{ID: "vm1", Bundle: t.TempDir()})
+	if err == nil {
+		t.Fatal("create succeeded")
+	}
+	if st, _ := status.FromError(err); st.Code() != codes.FailedPrecondition ||
+		st.Message() != "route 10.0.0.0/8 on eth0: multipath routes are not supported: failed precondition" {
+		t.Fatalf("create: %v, want FailedPrecondition with the same message", err)
+	}
+}
