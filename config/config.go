@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"math"
 	"os"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -15,6 +16,8 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/containerd/errdefs"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/vmshim/vmshim/qemu"
 )
 
 // DefaultPath is where the shim looks for its configuration file.
@@ -68,6 +71,9 @@ type Config struct {
 	CNINetwork string   `toml:"cni_network"`
 	CNIConfDir string   `toml:"cni_conf_dir"` // directory of CNI network configurations
 	CNIBinDirs []string `toml:"cni_bin_dirs"` // directories searched, in order, for CNI plugins
+	// QEMUUser is the user QEMU runs as once it has opened its files,
+	// sockets and fds; "" keeps the shim's user.
+	QEMUUser string `toml:"qemu_user"`
 }
 
 // cniName is CNI's rule for network names.
@@ -232,6 +238,9 @@ func (c Config) validate() error {
 			add("cni_bin_dirs", "%s", msg)
 		}
 	}
+	if msg := checkUser(c.QEMUUser); msg != "" {
+		add("qemu_user", "%s", msg)
+	}
 	if len(problems) == 0 {
 		return nil
 	}
@@ -267,6 +276,24 @@ func checkDir(v string) string {
 		return fmt.Sprintf("%q contains a newline or NUL", v)
 	case !filepath.IsAbs(v):
 		return fmt.Sprintf("%q must be an absolute path", v)
+	}
+	return ""
+}
+
+// checkUser accepts "" or the name of a user that exists on this host.
+func checkUser(v string) string {
+	if v == "" {
+		return ""
+	}
+	if err := qemu.CheckUserName(v); err != nil {
+		return err.Error()
+	}
+	if _, err := user.Lookup(v); err != nil {
+		var unknown user.UnknownUserError
+		if errors.As(err, &unknown) {
+			return fmt.Sprintf("user %q does not exist", v)
+		}
+		return fmt.Sprintf("look up user %q: %s", v, oneLine(err.Error()))
 	}
 	return ""
 }

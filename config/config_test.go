@@ -121,6 +121,14 @@ cni_bin_dirs = ["/srv/cni/bin"]
 		{name: "empty cni bin dir", body: `cni_bin_dirs = [""]`, wantErr: `cni_bin_dirs: "" must be an absolute path`},
 		{name: "no cni bin dirs", body: `cni_bin_dirs = []`, wantErr: "cni_bin_dirs: must list at least one directory"},
 		{name: "cni bin dirs not a list", body: `cni_bin_dirs = "/opt/cni/bin"`, wantErr: "cni_bin_dirs"},
+		{name: "qemu user", body: `qemu_user = "root"`, want: func(c *Config) { c.QEMUUser = "root" }},
+		{name: "qemu user empty", body: `qemu_user = ""`, want: func(*Config) {}},
+		{name: "qemu user unknown", body: `qemu_user = "vmshim-no-such-user"`, wantErr: `qemu_user: user "vmshim-no-such-user" does not exist`},
+		{name: "qemu user option", body: `qemu_user = "root,-device x"`, wantErr: `qemu_user: user name "root,-device x" has ','`},
+		{name: "qemu user flag", body: `qemu_user = "-S"`, wantErr: `qemu_user: user name "-S" starts with '-'`},
+		{name: "qemu user ids", body: `qemu_user = "0:0"`, wantErr: `qemu_user: user name "0:0" has ':'`},
+		{name: "qemu user number", body: `qemu_user = "0"`, wantErr: `qemu_user: user name "0" is a number`},
+		{name: "qemu user wrong type", body: `qemu_user = 0`, wantErr: "qemu_user"},
 		{name: "several problems", body: "accel = \"x\"\ndisk_driver = \"y\"", wantErr: `accel: "x" is not one of auto, kvm, tcg; disk_driver: "y"`},
 	}
 	for _, tc := range tests {

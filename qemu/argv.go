@@ -33,6 +33,14 @@ const (
 // no fork/exec, no scheduler or resource limit changes.
 const sandboxOptions = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 
+// sandboxRunAsOptions are sandboxOptions for a QEMU that drops to another
+// user: QEMU installs the filter before it calls setgid, initgroups and
+// setuid for -runas, so these calls stay allowed (elevateprivileges=deny,
+// and children, kill QEMU there). After the switch QEMU holds no root id
+// and no capability, and the filter sets no_new_privs, so it cannot gain
+// them back.
+const sandboxRunAsOptions = "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"
+
 // tcgThreading is the TCG threading mode; multi runs one host thread per vCPU.
 const tcgThreading = "multi"
 
@@ -129,8 +137,15 @@ func BuildArgs(s Spec) ([]string, error) {
 	}
 	// A guest panic reported through pvpanic makes QEMU exit non-zero.
 	args = append(args, "-device", "pvpanic", "-action", "panic=exit-failure")
-	if s.Sandbox {
+	switch {
+	case s.Sandbox && s.RunAs != "":
+		args = append(args, "-sandbox", sandboxRunAsOptions)
+	case s.Sandbox:
 		args = append(args, "-sandbox", sandboxOptions)
+	}
+	// -runas takes its value verbatim; CheckUserName has kept it a plain name.
+	if s.RunAs != "" {
+		args = append(args, "-runas", s.RunAs)
 	}
 	if s.Paused {
 		args = append(args, "-S")

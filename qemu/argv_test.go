@@ -245,6 +245,20 @@ func TestBuildArgs(t *testing.T) {
 			name:   "console, sandbox, paused",
 			modify: func(s *Spec) { s.ConsoleFD = 3; s.Sandbox = true; s.Paused = true },
 		},
+		{
+			name:   "run as",
+			modify: func(s *Spec) { s.RunAs = "vmshim-qemu" },
+			tail:   []string{"-device", "pvpanic", "-action", "panic=exit-failure", "-runas", "vmshim-qemu"},
+		},
+		{
+			name:   "run as, sandbox, paused",
+			modify: func(s *Spec) { s.RunAs = "qemu_1.x"; s.Sandbox = true; s.Paused = true },
+			tail: []string{
+				"-device", "pvpanic", "-action", "panic=exit-failure",
+				"-sandbox", "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny",
+				"-runas", "qemu_1.x", "-S",
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -292,8 +306,8 @@ func TestBuildArgsFlags(t *testing.T) {
 	if !hasFlag(got, "-S") {
 		t.Errorf("argv lacks -S: %q", got)
 	}
-	if hasFlag(baseArgs, "-S") || hasFlag(baseArgs, "-serial") || hasFlag(baseArgs, "-sandbox") {
-		t.Errorf("defaults have -S, -serial or -sandbox: %q", baseArgs)
+	if hasFlag(baseArgs, "-S") || hasFlag(baseArgs, "-serial") || hasFlag(baseArgs, "-sandbox") || hasFlag(baseArgs, "-runas") {
+		t.Errorf("defaults have -S, -serial, -sandbox or -runas: %q", baseArgs)
 	}
 }
 
@@ -392,6 +406,9 @@ func TestBuildArgsInvalid(t *testing.T) {
 		{"mac", nic(func(n *NIC) { n.MAC = "02:00:00:00:00" }), `invalid nic "eth0" mac`},
 		{"mac injection", nic(func(n *NIC) { n.MAC = "02:00:00:00:00:01,romfile=/x" }), `invalid nic "eth0" mac`},
 		{"multicast mac", nic(func(n *NIC) { n.MAC = "01:00:5e:00:00:01" }), `invalid nic "eth0" mac`},
+		{"run as option", func(s *Spec) { s.RunAs = "nobody,-device foo" }, "invalid run as"},
+		{"run as flag", func(s *Spec) { s.RunAs = "-S" }, "invalid run as"},
+		{"run as ids", func(s *Spec) { s.RunAs = "0:0" }, "invalid run as"},
 		{"long mac", nic(func(n *NIC) { n.MAC = "02:00:00:00:00:00:00:01" }), `invalid nic "eth0" mac`},
 	}
 	for _, tt := range tests {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/containerd/errdefs"
 )
@@ -108,6 +109,10 @@ type Spec struct {
 	AgentSocket string // unix socket path QEMU listens on for the guest agent's virtio-serial port; "" = none
 	Shares      []Share
 	VFIO        []string // host PCI functions to pass through, as DDDD:BB:DD.F in lower-case hex
+	// RunAs is the user QEMU switches to (-runas) once it has opened its
+	// images, sockets and inherited fds, before the guest runs; "" keeps
+	// the caller's user. A name, see CheckUserName.
+	RunAs string
 }
 
 // maxUnixPath is the room for a path in sockaddr_un, less the NUL.
@@ -159,7 +164,40 @@ func (s Spec) Validate() error {
 	if err := validateShares(s.Shares); err != nil {
 		return err
 	}
+	if s.RunAs != "" {
+		if err := CheckUserName(s.RunAs); err != nil {
+			return invalid("run as", "%v", err)
+		}
+	}
 	return validateVFIO(s.VFIO)
+}
+
+// MaxUserNameLen is the longest user name CheckUserName accepts.
+const MaxUserNameLen = 32
+
+// CheckUserName checks that name is a plain user name QEMU's -runas takes
+// as a name: letters, digits, '_', '.' and '-', not starting with '-' or
+// '.', not all digits (a number reads as a uid), at most MaxUserNameLen
+// bytes. The value then never reads as an option, a flag or QEMU's
+// "uid:gid" form.
+func CheckUserName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("user name is empty")
+	case len(name) > MaxUserNameLen:
+		return fmt.Errorf("user name %q is longer than %d bytes", name, MaxUserNameLen)
+	case name[0] == '-' || name[0] == '.':
+		return fmt.Errorf("user name %q starts with %q", name, name[0])
+	case strings.Trim(name, "0123456789") == "":
+		return fmt.Errorf("user name %q is a number, not a name", name)
+	}
+	if i := strings.IndexFunc(name, func(r rune) bool {
+		return (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') && (r < '0' || r > '9') && r != '_' && r != '.' && r != '-'
+	}); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(name[i:])
+		return fmt.Errorf("user name %q has %q, not a letter, digit, '_', '.' or '-'", name, r)
+	}
+	return nil
 }
 
 func (s Spec) validateBoot() error {

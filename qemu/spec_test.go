@@ -174,3 +174,40 @@ func TestDevicesAcceptedByQEMU(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckUserName(t *testing.T) {
+	tests := []struct {
+		name  string
+		valid bool
+	}{
+		{"nobody", true},
+		{"vmshim-qemu", true},
+		{"qemu_1.x", true},
+		{"Q", true},
+		{"u0", true},
+		{strings.Repeat("u", 32), true},
+		{"", false},
+		{strings.Repeat("u", 33), false},
+		{"-runas", false},
+		{".hidden", false},
+		{"1000", false},
+		{"0:0", false},
+		{"a,b", false},
+		{"a b", false},
+		{"a/b", false},
+		{"a\nb", false},
+		{"a\x00", false},
+		{"nöbody", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := CheckUserName(tt.name)
+			if (err == nil) != tt.valid {
+				t.Fatalf("CheckUserName(%q) = %v, want valid %v", tt.name, err, tt.valid)
+			}
+			if err != nil && strings.Contains(err.Error(), "\n") {
+				t.Errorf("error %q spans lines", err)
+			}
+		})
+	}
+}

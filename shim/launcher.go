@@ -123,6 +123,7 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		// simply never opens the port.
 		AgentSocket: filepath.Join(rec.RuntimeDir, "agent.sock"),
 		Sandbox:     cfg.Sandbox,
+		RunAs:       cfg.QEMUUser,
 		Paused:      true,
 	}
 	if boot.Disk != "" {
