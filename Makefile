@@ -49,6 +49,7 @@ IT_ENV := VMSHIM_INTEGRATION=1 VMSHIM_BIN=$(BIN) VMSHIM_CONTAINERD=$(CONTAINERD_
 	VMSHIM_NERDCTL=$(NERDCTL)
 # The reliability suite: churn, faults, bad input, security. `make test`
 # runs it too, with 20 churn cycles; VMSHIM_CHURN=200 is the full size.
+VMSHIM_CHURN ?= 20
 RELIABILITY := ^(TestChurn|TestFault.*|TestBadInput.*|TestBadImages.*|TestSecurity.*|TestQEMUKilled|TestShimKilled|TestCRIQEMUKilled|TestCRIShimKilled|TestCRIContainerdRestart)$$
 
 integration: guest cloud-guest ## run the integration tests against a real containerd, QEMU and guests
@@ -56,7 +57,7 @@ integration: guest cloud-guest ## run the integration tests against a real conta
 		$(GO) test -count=1 -timeout 40m -v ./integration/...
 
 test-reliability: setup guest ## churn, faults, bad input and security (VMSHIM_CHURN=200 for the full churn)
-	$(IT_ENV) $(GO) test -count=1 -timeout 90m -v -run '$(RELIABILITY)' ./integration/
+	$(IT_ENV) VMSHIM_CHURN=$(VMSHIM_CHURN) $(GO) test -count=1 -timeout 90m -v -run '$(RELIABILITY)' ./integration/
 
 bench: setup guest ## measure start latency, memory, density and teardown (table; JSON and SVG in _output/bench)
 	$(IT_ENV) VMSHIM_BENCH=1 VMSHIM_BENCH_OUT=$(OUT)/bench \
