@@ -56,7 +56,7 @@ integration: guest cloud-guest ## run the integration tests against a real conta
 	$(IT_ENV) VMSHIM_GUEST_TEST=1 VMSHIM_GUEST_DIR=$(GUEST_DIR) \
 		$(GO) test -count=1 -timeout 40m -v ./integration/...
 
-test-reliability: setup guest ## churn, faults, bad input and security (VMSHIM_CHURN=200 for the full churn)
+test-reliability: setup guest cloud-guest ## churn, faults, bad input and security (VMSHIM_CHURN=200 for the full churn)
 	$(IT_ENV) VMSHIM_CHURN=$(VMSHIM_CHURN) $(GO) test -count=1 -timeout 90m -v -run '$(RELIABILITY)' ./integration/
 
 bench: setup guest ## measure start latency, memory, density and teardown (table; JSON and SVG in _output/bench)

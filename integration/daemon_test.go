@@ -72,6 +72,10 @@ type daemonOptions struct {
 	// cni is the CNI network config list (JSON) the CRI uses; empty
 	// disables the CRI.
 	cni string
+	// snapshotterTmpfs, above zero, puts the overlayfs snapshotter's root
+	// (image layers and containers' writable layers) on a tmpfs of that
+	// many bytes.
+	snapshotterTmpfs int64
 }
 
 // startDaemon starts containerd with the shim directory on its PATH.
@@ -115,6 +119,16 @@ func startDaemon(containerdDir, shimDir string, opts daemonOptions) (_ *daemon, 
 	}
 	_ = exec.Command("ip", "-n", d.netns, "link", "set", "lo", "up").Run()
 	d.config, d.containerdBin, d.shimDir = cfg, filepath.Join(containerdDir, "containerd"), shimDir
+	if opts.snapshotterTmpfs > 0 {
+		// stop unmounts it with everything else under dir.
+		sn := filepath.Join(dir, "root", "io.containerd.snapshotter.v1.overlayfs")
+		if err := os.MkdirAll(sn, 0o700); err != nil {
+			return nil, err
+		}
+		if err := syscall.Mount("tmpfs", sn, "tmpfs", 0, fmt.Sprintf("size=%d,mode=0700", opts.snapshotterTmpfs)); err != nil {
+			return nil, fmt.Errorf("mount tmpfs on %s: %w", sn, err)
+		}
+	}
 	if err := d.start(); err != nil {
 		return nil, err
 	}

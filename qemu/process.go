@@ -29,6 +29,10 @@ const outputDrain = 5 * time.Second
 // stderrTailSize is how much of QEMU's latest output is kept for errors.
 const stderrTailSize = 4096
 
+// powerdownAck bounds how long Powerdown waits for QEMU to answer; QEMU
+// answers system_powerdown at once unless it is stopped or hung.
+const powerdownAck = 2 * time.Second
+
 // LaunchConfig is what Launch needs to start one VM.
 type LaunchConfig struct {
 	Binary string     // qemu-system-x86_64 path
@@ -105,7 +109,7 @@ func Launch(ctx context.Context, cfg LaunchConfig) (_ *VM, retErr error) {
 		v.agent = NewAgent(cfg.Spec.AgentSocket, v.agentOpen)
 	}
 	go v.wait(cfg.Spec.QMPSocket, cfg.Spec.AgentSocket)
-	logger := log.G(ctx).WithField("pid", v.Pid())
+	logger := log.G(ctx).WithFields(log.Fields{"pid": v.Pid(), "id": cfg.Spec.Name})
 	logger.WithField("args", strings.Join(args, " ")).Debug("qemu started")
 	defer func() {
 		if retErr != nil {
@@ -126,13 +130,22 @@ func Launch(ctx context.Context, cfg LaunchConfig) (_ *VM, retErr error) {
 		return nil, fmt.Errorf("connect to qemu pid %d: %w (qemu output: %s)", v.Pid(), err, tail.lastLines(3))
 	}
 	logger.Debug("qemu qmp ready")
-	if v.agent != nil {
-		if err := v.watchAgentPort(ctx); err != nil {
-			// Events still tell when the guest opens the port.
-			logger.WithError(err).Warn("cannot query guest agent port state")
-		}
+	if err := v.watch(ctx, logger); err != nil {
+		// Events still tell when the guest opens the port.
+		logger.WithError(err).Warn("cannot query guest agent port state")
 	}
 	return v, nil
+}
+
+// watch follows QMP events until the connection ends (see follow) and,
+// with an agent port, queries the port's state before the first event.
+func (v *VM) watch(ctx context.Context, logger *log.Entry) error {
+	events, _ := v.qmp.Events() // ends with the connection
+	go v.follow(logger, events)
+	if v.agent == nil {
+		return nil
+	}
+	return v.queryAgentPort(ctx)
 }
 
 // chardevInfo is one entry of the reply to query-chardev.
@@ -141,13 +154,10 @@ type chardevInfo struct {
 	FrontendOpen bool   `json:"frontend-open"`
 }
 
-// watchAgentPort follows whether the guest has the agent port open: from
-// VSERPORT_CHANGE events until the QMP connection ends, and from
-// query-chardev for the state before the first event. After a failed
-// query the port counts as closed until an event says otherwise.
-func (v *VM) watchAgentPort(ctx context.Context) error {
-	events, _ := v.qmp.Events() // ends with the connection
-	go v.trackAgentPort(events)
+// queryAgentPort sets the agent port's state from query-chardev, unless an
+// event has already told. After a failed query the port counts as closed
+// until an event says otherwise.
+func (v *VM) queryAgentPort(ctx context.Context) error {
 	var devs []chardevInfo
 	if err := v.qmp.Execute(ctx, "query-chardev", nil, &devs); err != nil {
 		return err
@@ -164,11 +174,17 @@ func (v *VM) watchAgentPort(ctx context.Context) error {
 	return nil
 }
 
-// trackAgentPort applies events until the channel is closed, then marks
-// the port closed.
-func (v *VM) trackAgentPort(events <-chan Event) {
+// follow applies QMP events until the channel is closed, then marks the
+// agent port closed: the agent port's state from VSERPORT_CHANGE, and the
+// guest faults QEMU reports, logged at error level.
+func (v *VM) follow(logger *log.Entry, events <-chan Event) {
 	for ev := range events {
-		v.agentPortEvent(ev)
+		switch ev.Name {
+		case "VSERPORT_CHANGE":
+			v.agentPortEvent(ev)
+		case "GUEST_PANICKED", "BLOCK_IO_ERROR":
+			logFault(logger, ev)
+		}
 	}
 	v.agentPort.Store(agentPortClosed)
 }
@@ -190,6 +206,50 @@ func (v *VM) agentPortEvent(ev Event) {
 		v.agentPort.Store(agentPortOpen)
 	} else {
 		v.agentPort.Store(agentPortClosed)
+	}
+}
+
+// faultEvent is the data of the QMP events that report guest faults:
+// GUEST_PANICKED (action, info) and BLOCK_IO_ERROR (device or node-name,
+// operation, action, nospace, reason).
+type faultEvent struct {
+	Action    string          `json:"action"`
+	Info      json.RawMessage `json:"info"`
+	Device    string          `json:"device"`
+	NodeName  string          `json:"node-name"`
+	Operation string          `json:"operation"`
+	NoSpace   bool            `json:"nospace"`
+	Reason    string          `json:"reason"`
+}
+
+// logFault logs a guest fault QEMU reported at error level: a guest
+// panic (QEMU then exits non-zero, -action panic=exit-failure), or a disk
+// request that failed on the host, such as a write to an overlay whose
+// filesystem is full (QEMU then pauses the VM: action "stop").
+func logFault(logger *log.Entry, ev Event) {
+	var d faultEvent
+	if err := json.Unmarshal(ev.Data, &d); err != nil && len(ev.Data) > 0 {
+		logger = logger.WithField("data", string(ev.Data))
+	}
+	switch ev.Name {
+	case "GUEST_PANICKED":
+		if len(d.Info) > 0 && string(d.Info) != "null" {
+			logger = logger.WithField("info", string(d.Info))
+		}
+		logger.WithField("action", d.Action).Error("guest panicked")
+	case "BLOCK_IO_ERROR":
+		node := d.NodeName
+		if node == "" {
+			node = d.Device
+		}
+		logger = logger.WithFields(log.Fields{
+			"node": node, "operation": d.Operation, "action": d.Action, "nospace": d.NoSpace, "reason": d.Reason,
+		})
+		if d.Action == "stop" {
+			logger.Error("guest disk i/o error, vm paused")
+			return
+		}
+		logger.Error("guest disk i/o error")
 	}
 }
 
@@ -266,9 +326,20 @@ func (v *VM) Start(ctx context.Context) error {
 	return nil
 }
 
-// Powerdown presses the guest's ACPI power button.
+// Powerdown presses the guest's ACPI power button. It waits for QEMU's
+// acknowledgement for powerdownAck at most: a QEMU that has the request
+// but does not answer (stopped with SIGSTOP, or hung) keeps it queued, as
+// a stopped process keeps a pending signal, and the caller's deadline,
+// then SIGKILL, decides what happens next.
 func (v *VM) Powerdown(ctx context.Context) error {
-	if err := v.qmp.SystemPowerdown(ctx); err != nil {
+	ackCtx, cancel := context.WithTimeout(ctx, powerdownAck)
+	defer cancel()
+	err := v.qmp.SystemPowerdown(ackCtx)
+	if errors.Is(err, ErrNoReply) && ctx.Err() == nil {
+		log.G(ctx).WithField("pid", v.Pid()).Warnf("qemu has not acknowledged the power button within %v; the request stays queued", powerdownAck)
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("power down vm pid %d: %w", v.Pid(), err)
 	}
 	return nil

@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 )
 
 // testSpec is a small TCG VM with its QMP socket in dir.
@@ -296,7 +299,7 @@ func TestWatchAgentPort(t *testing.T) {
 				p.send(`{"return": %s, "id": %s}`, tt.chardevs, r.ID)
 			}()
 			ctx := testCtx(t, 10*time.Second)
-			if err := v.watchAgentPort(ctx); err != nil {
+			if err := v.watch(ctx, log.G(ctx)); err != nil {
 				t.Fatal(err)
 			}
 			// ready polls until the client sees the port in state open.
@@ -324,6 +327,94 @@ func TestWatchAgentPort(t *testing.T) {
 			// Once QMP is gone, nothing can tell: the port counts as closed.
 			p.conn.Close()
 			ready(false)
+		})
+	}
+}
+
+// scriptedVM is a VM whose QMP peer is scripted; its pid is made up.
+func scriptedVM(t *testing.T) (*VM, *peer) {
+	t.Helper()
+	c, p := connect(t)
+	return &VM{qmp: c, cmd: &exec.Cmd{Process: &os.Process{Pid: 4242}}}, p
+}
+
+func TestPowerdownUnanswered(t *testing.T) {
+	tests := []struct {
+		name     string
+		peer     func(p *peer) // plays QEMU after the handshake
+		deadline time.Duration // the caller's
+		wantErr  error         // nil: Powerdown succeeds
+	}{
+		{"answered", func(p *peer) {
+			r := p.recv()
+			p.send(`{"return": {}, "id": %s}`, r.ID)
+		}, time.Minute, nil},
+		// A stopped QEMU: the request is on its socket, no answer comes.
+		{"sent, never answered", func(p *peer) { p.recv() }, time.Minute, nil},
+		{"caller's deadline first", func(p *peer) { p.recv() }, 100 * time.Millisecond, context.DeadlineExceeded},
+		// Nothing reads the socket: the request was never delivered.
+		{"never read", func(*peer) {}, time.Minute, context.DeadlineExceeded},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v, p := scriptedVM(t)
+			go tt.peer(p)
+			err := v.Powerdown(testCtx(t, tt.deadline))
+			if tt.wantErr == nil && err != nil {
+				t.Fatalf("Powerdown: %v", err)
+			}
+			if tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
+				t.Fatalf("Powerdown: %v, want %v", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestLogFault(t *testing.T) {
+	tests := []struct {
+		name    string
+		event   string // as QEMU sends it
+		wantMsg string
+		want    log.Fields
+	}{
+		{"pvpanic", `{"event": "GUEST_PANICKED", "data": {"action": "poweroff"}}`,
+			"guest panicked", log.Fields{"action": "poweroff"}},
+		{"panic with info", `{"event": "GUEST_PANICKED", "data": {"action": "pause", "info": {"type": "s390", "core": 0}}}`,
+			"guest panicked", log.Fields{"action": "pause", "info": `{"type": "s390", "core": 0}`}},
+		{"overlay full", `{"event": "BLOCK_IO_ERROR", "data": {"device": "", "node-name": "disk-root", "operation": "write", "action": "stop", "nospace": true, "reason": "No space left on device"}}`,
+			"guest disk i/o error, vm paused", log.Fields{"node": "disk-root", "operation": "write", "action": "stop", "nospace": true, "reason": "No space left on device"}},
+		{"reported read error", `{"event": "BLOCK_IO_ERROR", "data": {"device": "drive0", "operation": "read", "action": "report", "reason": "Input/output error"}}`,
+			"guest disk i/o error", log.Fields{"node": "drive0", "operation": "read", "action": "report", "nospace": false, "reason": "Input/output error"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v, p := scriptedVM(t)
+			logger, hook := logtest.NewNullLogger()
+			ctx := testCtx(t, 10*time.Second)
+			if err := v.watch(ctx, logrus.NewEntry(logger).WithField("pid", v.Pid())); err != nil {
+				t.Fatal(err)
+			}
+			p.send(`{"event": "STOP", "timestamp": {"seconds": 1, "microseconds": 0}}`)
+			p.send("%s", tt.event)
+			for len(hook.AllEntries()) == 0 {
+				if ctx.Err() != nil {
+					t.Fatal("nothing logged")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			e := hook.LastEntry()
+			if e.Level != logrus.ErrorLevel || e.Message != tt.wantMsg {
+				t.Errorf("logged %s %q, want error %q", e.Level, e.Message, tt.wantMsg)
+			}
+			tt.want["pid"] = 4242
+			for k, want := range tt.want {
+				if got := e.Data[k]; got != want {
+					t.Errorf("field %s = %#v, want %#v", k, got, want)
+				}
+			}
+			if len(hook.AllEntries()) != 1 {
+				t.Errorf("%d entries logged, want 1 (STOP is no fault)", len(hook.AllEntries()))
+			}
 		})
 	}
 }

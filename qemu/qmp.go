@@ -20,6 +20,10 @@ import (
 // ErrClosed reports that the QMP connection has ended.
 var ErrClosed = errors.New("qmp connection closed")
 
+// ErrNoReply reports that a command reached QEMU's socket but its reply did
+// not come before the caller's context ended; QEMU may still run it.
+var ErrNoReply = errors.New("qmp command sent, no reply")
+
 // EventBuffer is how many events each subscriber may have queued; further
 // events for a subscriber whose queue is full are dropped.
 const EventBuffer = 256
@@ -275,7 +279,8 @@ func (c *Client) Events() (<-chan Event, func()) {
 
 // Execute runs cmd with args (nil for none) and decodes the reply into
 // result (nil to discard it). A QMP error reply is returned as *Error. When
-// ctx ends first, Execute returns ctx's error and a late reply is discarded.
+// ctx ends first, Execute returns ctx's error, wrapped in ErrNoReply if the
+// command had been sent, and a late reply is discarded.
 func (c *Client) Execute(ctx context.Context, cmd string, args, result any) error {
 	ret, err := c.execute(ctx, cmd, args)
 	if err != nil {
@@ -324,7 +329,7 @@ func (c *Client) execute(ctx context.Context, cmd string, args any) (json.RawMes
 		return r.ret, r.asError()
 	case <-ctx.Done():
 		forget()
-		return nil, ctx.Err()
+		return nil, fmt.Errorf("%w: %w", ErrNoReply, ctx.Err())
 	case <-c.done:
 		select {
 		case r := <-ch:

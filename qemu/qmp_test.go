@@ -261,8 +261,8 @@ func TestClientNeverAnswers(t *testing.T) {
 	go func() { late <- p.recv() }()
 	start := time.Now()
 	err := c.Stop(testCtx(t, 100*time.Millisecond))
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("error = %v, want deadline exceeded", err)
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrNoReply) {
+		t.Fatalf("error = %v, want deadline exceeded and ErrNoReply", err)
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("call returned after %s", d)
@@ -288,6 +288,9 @@ func TestClientPeerNeverReads(t *testing.T) {
 	err := c.Cont(testCtx(t, 100*time.Millisecond))
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("error = %v, want deadline exceeded", err)
+	}
+	if errors.Is(err, ErrNoReply) {
+		t.Errorf("error = %v: ErrNoReply for a command never sent", err)
 	}
 	c.Close()
 	check()

@@ -6,9 +6,9 @@
 # OUTDIR receives vmlinuz (the Debian bzImage), vmlinux (its uncompressed ELF,
 # for fast QEMU -kernel boots through the PVH entry),
 # initrd-{wait,poweroff,agent}.img (busybox initramfs running init.sh, with
-# udhcpc.sh as the DHCP client's script, the virtio NIC modules and the
-# virtio-blk, virtio-scsi and NVMe disk modules; the agent flavour boots like
-# wait and also carries qemu-ga), disk-{wait,poweroff}.qcow2
+# udhcpc.sh as the DHCP client's script, the pvpanic module, the virtio NIC
+# modules and the virtio-blk, virtio-scsi and NVMe disk modules; the agent
+# flavour boots like wait and also carries qemu-ga), disk-{wait,poweroff}.qcow2
 # (BIOS-bootable disks: MBR, FAT16, syslinux) and five OCI archives made with
 # vmshim-pack: disk-{wait,poweroff}.tar and kernel-{wait,poweroff,agent}.tar.
 #
@@ -215,6 +215,9 @@ build_initrd() {
 	# power button driver. Either may be built in.
 	add_module "$tree" evdev "$root/lib/modules" "$root/lib/modules/order"
 	add_module "$tree" button "$root/lib/modules" "$root/lib/modules/order"
+	# pvpanic_mmio (with pvpanic) drives QEMU's ISA pvpanic device, ACPI id
+	# QEMU0001: a guest panic reaches QEMU, which exits non-zero.
+	add_module "$tree" pvpanic_mmio "$root/lib/modules" "$root/lib/modules/order"
 	# The virtio NIC: virtio_pci (with virtio, virtio_ring and the modern
 	# and legacy PCI transports) finds the device, virtio_net (with
 	# net_failover and failover) drives it. udhcpc needs packet sockets,

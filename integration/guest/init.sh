@@ -17,6 +17,8 @@
 #   VMSHIM-GUEST-ACPI-POWERDOWN    the ACPI power button was pressed; powering off
 #   VMSHIM-GUEST-POWEROFF          powering off on its own (mode poweroff, or a
 #                                  "poweroff" line on the console)
+#   VMSHIM-GUEST-PANIC             crashing the kernel on purpose (mode panic):
+#                                  the pvpanic device then tells QEMU
 # and, with a virtio NIC (udhcpc runs on every eth* interface; its event
 # script /etc/udhcpc/default.script prints VMSHIM-LEASE and VMSHIM-RENEW):
 #   VMSHIM-HTTP-READY              httpd serves VMSHIM-HTTP-OK <hostname> <ip> on :8080
@@ -29,7 +31,7 @@
 # power button, httpd, the agent's port or qemu-ga itself).
 #
 # The mode comes from /etc/vmshim-mode (baked into the initramfs), overridden
-# by vmshim.mode=wait|poweroff on the kernel command line.
+# by vmshim.mode=wait|poweroff|panic on the kernel command line.
 export PATH=/bin
 
 mount -t devtmpfs devtmpfs /dev
@@ -52,8 +54,9 @@ power_off() {
 }
 
 # load_modules inserts the modules listed in /lib/modules/order, dependencies
-# first (the ACPI button driver, evdev, the virtio NIC driver and the
-# virtio-blk, virtio-scsi and NVMe disk drivers, unless built in).
+# first (the ACPI button driver, evdev, the pvpanic driver, the virtio NIC
+# driver and the virtio-blk, virtio-scsi and NVMe disk drivers, unless built
+# in).
 load_modules() {
 	[ -f /lib/modules/order ] || return 0
 	while read -r m; do
@@ -322,6 +325,14 @@ network 2>/dev/null &
 if [ "$mode" = poweroff ]; then
 	echo VMSHIM-GUEST-POWEROFF
 	power_off
+fi
+
+# A crash through sysrq (the trigger file works whatever kernel.sysrq
+# allows): the kernel panics and the pvpanic driver reports it to QEMU.
+if [ "$mode" = panic ]; then
+	echo VMSHIM-GUEST-PANIC
+	flush_console
+	echo c >/proc/sysrq-trigger
 fi
 
 # PID 1 must never exit.

@@ -1,0 +1,388 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Markers and log lines of the faults below.
+const (
+	markerPanic    = "VMSHIM-GUEST-PANIC"         // the guest crashes itself (mode panic)
+	kernelPanic    = "Kernel panic - not syncing" // the guest kernel's last words
+	logGuestPanic  = "guest panicked"             // the shim's error on QMP GUEST_PANICKED
+	logDiskIOError = "guest disk i/o error"       // the shim's error on QMP BLOCK_IO_ERROR
+)
+
+// TestFaultQEMUFrozen stops a booted VM's QEMU with SIGSTOP, then stops
+// the container as the kubelet does: the power button cannot be
+// answered, so StopContainer must still return, by SIGKILL at its
+// deadline, and the container exit 137; the pod then goes without a trace.
+func TestFaultQEMUFrozen(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
+	defer cancel()
+	p := newCRI(t, env.daemon).runPod(ctx, t, "frozen")
+	netns := p.netnsPath(ctx, t)
+	vm := p.startVM(ctx, t, imageKernelWaitCRI, nil)
+	vm.waitLog(ctx, t, markerBooted)
+	freeze(ctx, t, vm.id)
+
+	stopCtx, stopCancel := context.WithTimeout(ctx, time.Minute)
+	defer stopCancel()
+	start := time.Now()
+	if _, err := p.c.runtime.StopContainer(stopCtx, &runtimeapi.StopContainerRequest{ContainerId: vm.id, Timeout: 5}); err != nil {
+		t.Fatalf("StopContainer of a frozen VM: %v\ncontainerd log:\n%s", err, env.daemon.logTail())
+	}
+	t.Logf("StopContainer (timeout 5 s) returned after %v", time.Since(start).Round(100*time.Millisecond))
+	if st := vm.waitExited(ctx, t); st.ExitCode != 137 {
+		t.Errorf("frozen VM stopped: exit %d reason %q, want 137", st.ExitCode, st.Reason)
+	}
+	p.remove(t)
+	assertPodGone(ctx, t, p, netns, vm.id)
+}
+
+// freeze stops the QEMU process of container id with SIGSTOP and waits
+// until the kernel reports it stopped. A test that fails before QEMU is
+// killed lets it go on again.
+func freeze(ctx context.Context, t *testing.T, id string) {
+	t.Helper()
+	pid, err := pidOf("guest=" + id)
+	if err != nil {
+		t.Fatalf("qemu of %s: %v", id, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP qemu: %v", err)
+	}
+	t.Cleanup(func() {
+		if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.Contains(string(cmd), "guest="+id) {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	})
+	waitGone(ctx, t, "running qemu pid "+fmt.Sprint(pid), func() bool {
+		st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		// The state follows the command name in parentheses.
+		i := strings.LastIndexByte(string(st), ')')
+		return i > 0 && strings.HasPrefix(string(st[i:]), ") T")
+	})
+}
+
+// TestFaultGuestPanic crashes the guest kernel: pvpanic tells QEMU, which
+// exits non-zero (-action panic=exit-failure); the container is reported
+// exited with that code, the shim's log says why, and nothing is left.
+func TestFaultGuestPanic(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
+	defer cancel()
+	p := newCRI(t, env.daemon).runPod(ctx, t, "panic")
+	netns := p.netnsPath(ctx, t)
+	vm := p.startVM(ctx, t, imageKernelWaitCRI, map[string]string{annotationKernelCmdline: "vmshim.mode=panic"})
+	pid, err := pidOf("guest=" + vm.id) // QEMU runs on until the guest has booted
+	if err != nil {
+		t.Fatalf("qemu of %s: %v", vm.id, err)
+	}
+	st := vm.waitExited(ctx, t)
+	vm.waitLog(ctx, t, markerPanic)
+	vm.waitLog(ctx, t, kernelPanic)
+	if st.ExitCode == 0 || st.Reason != "Error" {
+		t.Errorf("after a guest panic: exit %d reason %q, want non-zero Error", st.ExitCode, st.Reason)
+	}
+	line := waitDaemonLog(ctx, t, env.daemon, logGuestPanic, fmt.Sprintf("pid=%d ", pid))
+	if !strings.Contains(line, "level=error") {
+		t.Errorf("guest panic not logged as an error: %s", line)
+	}
+	t.Logf("exit %d (%s); shim: %s", st.ExitCode, st.Reason, line)
+	p.remove(t)
+	assertPodGone(ctx, t, p, netns, vm.id)
+}
+
+// TestFaultContainerdRestartDuringBoot restarts containerd while a VM pod's
+// guest is still booting: the guest boots on (same QEMU), its console
+// reaches the CRI log through the restarted containerd, it gets its lease,
+// powers off on a graceful stop and the pod goes without a trace.
+func TestFaultContainerdRestartDuringBoot(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
+	defer cancel()
+	p := newCRI(t, env.daemon).runPod(ctx, t, "bootrestart")
+	netns := p.netnsPath(ctx, t)
+	// The disk guest boots through SeaBIOS: the slower boot leaves room
+	// for the restart.
+	vm := p.startVM(ctx, t, imageDiskWait, nil)
+	qemu := processesMentioning("guest=" + vm.id)
+	if _, booted := findLogLine(vm.log, markerBooted); booted {
+		t.Fatalf("the guest booted before containerd could be restarted")
+	}
+	restart := time.Now()
+	if err := env.daemon.restart(); err != nil {
+		t.Fatalf("restart containerd: %v", err)
+	}
+	_, booted := findLogLine(vm.log, markerBooted)
+	t.Logf("containerd restarted in %v; %s in the log right after: %v", time.Since(restart).Round(100*time.Millisecond), markerBooted, booted)
+	p.c = newCRI(t, env.daemon) // vm.p is p
+	if st := vm.status(ctx, t); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Errorf("after the restart: state %v, want running", st.State)
+	}
+	vm.waitLog(ctx, t, markerBooted)
+	vm.waitLog(ctx, t, "VMSHIM-LEASE")
+	if now := processesMentioning("guest=" + vm.id); len(now) != 1 || len(qemu) != 1 || now[0] != qemu[0] {
+		t.Errorf("qemu before the restart %v, after %v", qemu, now)
+	}
+	vm.stop(ctx, t, 30)
+	vm.waitLog(ctx, t, markerACPI)
+	if st := vm.waitExited(ctx, t); st.ExitCode != 0 {
+		t.Errorf("exit %d after ACPI stop, want 0", st.ExitCode)
+	}
+	p.remove(t)
+	assertPodGone(ctx, t, p, netns, vm.id)
+}
+
+// assertPodGone checks, after RemovePodSandbox, that the pod's shim and
+// pause process have ended, its netns is gone, and no process, mount,
+// runtime dir or netns of the containers ids is left.
+func assertPodGone(ctx context.Context, t *testing.T, p *pod, netns string, ids ...string) {
+	t.Helper()
+	waitGone(ctx, t, "shim of pod "+p.id, func() bool { return len(shimsOf(p.id)) == 0 })
+	waitGone(ctx, t, "pause process of "+p.id, func() bool { return len(processesMentioning("vmshim-pause "+netns)) == 0 })
+	assertNothingLeftCRI(t, append(ids, p.id)...)
+	if _, err := os.Stat(netns); err == nil {
+		t.Errorf("pod netns %s left", netns)
+	}
+	for _, id := range ids {
+		if _, err := os.Stat(vmNetns(criNamespace, id)); err == nil {
+			t.Errorf("network namespace left for %s", id)
+		}
+	}
+}
+
+// vmNetns is the path of the network namespace the shim makes for a
+// container that asks for one of its own.
+func vmNetns(ns, id string) string {
+	sum := sha256.Sum256([]byte(ns + "/" + id))
+	return filepath.Join("/run/netns", "vmshim-"+hex.EncodeToString(sum[:8]))
+}
+
+// waitDaemonLog waits until a line of d's log contains every one of parts
+// and returns it.
+func waitDaemonLog(ctx context.Context, t *testing.T, d *daemon, parts ...string) string {
+	t.Helper()
+	for {
+		if line, ok := findDaemonLog(d.logPath, parts...); ok {
+			return line
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("containerd log never had a line with %q\ncontainerd log:\n%s", parts, d.logTail())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// findDaemonLog returns the first line of the log at path containing every
+// one of parts; a line is matched with a space at its end, so a part such
+// as "pid=42 " also matches a last field.
+func findDaemonLog(path string, parts ...string) (string, bool) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+next:
+	for sc.Scan() {
+		for _, s := range parts {
+			if !strings.Contains(sc.Text()+" ", s) {
+				continue next
+			}
+		}
+		return sc.Text(), true
+	}
+	return "", false
+}
+
+// smallLayerMiB is the size of the tmpfs the overlayfs snapshotter of
+// TestFaultWritableLayerFull's daemon keeps image layers and writable
+// layers on: room for the disk and cloud guests' layers.
+const smallLayerMiB = 256
+
+// TestFaultWritableLayerFull runs VMs whose writable layer, where the
+// root disk's qcow2 overlay lives, has no room left: on a daemon whose
+// snapshotter is on a small tmpfs, filled up once the image is unpacked.
+func TestFaultWritableLayerFull(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*bootTimeout)
+	defer cancel()
+	d, err := startDaemon(os.Getenv(envContainerd), env.binDir, daemonOptions{snapshotterTmpfs: smallLayerMiB << 20})
+	if err != nil {
+		t.Fatalf("start daemon: %v", err)
+	}
+	t.Cleanup(d.stop)
+	cl, err := client.New(d.address, client.WithDefaultNamespace(testNamespace))
+	if err != nil {
+		t.Fatalf("connect to containerd: %v", err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	for _, a := range []string{"disk-wait.tar", "disk-cloud.tar"} {
+		if out, err := d.ctr(ctx, "images", "import", filepath.Join(env.guestDir, a)); err != nil {
+			t.Fatalf("import %s: %v: %s", a, err, out)
+		}
+	}
+	small := &smallLayer{d: d, client: cl}
+
+	// No room for the overlay: create fails with one line naming it and
+	// the cause, and leaves nothing behind.
+	t.Run("create", func(t *testing.T) {
+		small.fill(t)
+		id := uniqueID(t)
+		out, err := d.ctr(ctx, "run", "--rm", "--runtime", runtimeName, imageDiskWait, id)
+		if err == nil {
+			t.Fatalf("ctr run succeeded with a full writable layer:\n%s", out)
+		}
+		lines := errorLines(out)
+		if len(lines) != 1 || !strings.Contains(lines[0], "overlay /") || !strings.Contains(lines[0], "No space left on device") {
+			t.Errorf("want one line naming the overlay and ENOSPC, got:\n%s", out)
+		}
+		t.Logf("%s", strings.Join(lines, " / "))
+		small.assertNothingLeft(ctx, t, id)
+	})
+
+	// The overlay is made, then the layer fills up: the guest's first
+	// write that needs room fails on the host, QEMU pauses the VM (its
+	// default for ENOSPC on writes) and the shim logs why. SIGKILL still
+	// ends it with 137 and nothing is left.
+	t.Run("runtime", func(t *testing.T) {
+		id := uniqueID(t)
+		v := small.createVM(ctx, t, id, imageDebianCloud)
+		small.fill(t)
+		v.start(ctx, t)
+		pid := int(v.task.Pid())
+		line := waitDaemonLog(ctx, t, d, logDiskIOError, fmt.Sprintf("pid=%d ", pid))
+		for _, want := range []string{"level=error", "nospace=true", "operation=write", "action=stop"} {
+			if !strings.Contains(line, want) {
+				t.Errorf("disk error line lacks %q: %s", want, line)
+			}
+		}
+		t.Logf("shim: %s", line)
+		st, err := v.task.Status(ctx)
+		if err != nil {
+			t.Fatalf("task status: %v", err)
+		}
+		t.Logf("task status with the VM paused by QEMU: %s", st.Status)
+		if err := v.task.Kill(ctx, syscall.SIGKILL); err != nil {
+			t.Fatalf("kill SIGKILL: %v", err)
+		}
+		if code := v.waitExit(ctx, t); code != 137 {
+			t.Errorf("exit status %d, want 137", code)
+		}
+		v.remove(t)
+		small.assertNothingLeft(ctx, t, id)
+	})
+}
+
+// smallLayer is TestFaultWritableLayerFull's daemon, whose snapshotter
+// root is a tmpfs.
+type smallLayer struct {
+	d      *daemon
+	client *client.Client
+}
+
+// root is the snapshotter's root, the tmpfs.
+func (s *smallLayer) root() string {
+	return filepath.Join(s.d.dir, "root", "io.containerd.snapshotter.v1.overlayfs")
+}
+
+// fill takes all but a few pages of the tmpfs's free room (some is left
+// for the snapshotter's own metadata), until the test ends.
+func (s *smallLayer) fill(t *testing.T) {
+	t.Helper()
+	const slack = 64 << 10 // less than a qcow2 overlay's 384 KiB of metadata
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(s.root(), &st); err != nil {
+		t.Fatal(err)
+	}
+	free := int64(st.Bavail) * st.Bsize
+	path := filepath.Join(s.root(), "filler")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(path) })
+	defer f.Close()
+	if free > slack {
+		if err := syscall.Fallocate(int(f.Fd()), 0, 0, free-slack); err != nil {
+			t.Fatalf("fill the writable layer's tmpfs: %v", err)
+		}
+	}
+	t.Logf("writable layer: %d KiB free of %d MiB", slack>>10, smallLayerMiB)
+}
+
+// createVM creates VM task id on the daemon from an imported image; the
+// task is not started.
+func (s *smallLayer) createVM(ctx context.Context, t *testing.T, id, ref string) *vm {
+	t.Helper()
+	img, err := s.client.GetImage(ctx, ref)
+	if err != nil {
+		t.Fatalf("get image %s: %v", ref, err)
+	}
+	c, err := s.client.NewContainer(ctx, id,
+		client.WithImage(img),
+		client.WithNewSnapshot(id, img),
+		client.WithRuntime(runtimeName, nil),
+		client.WithNewSpec(oci.WithImageConfig(img), oci.WithHostname(id)),
+	)
+	if err != nil {
+		t.Fatalf("create container: %v", err)
+	}
+	v := &vm{id: id, container: c, console: newConsoleOut()}
+	t.Cleanup(func() { v.remove(t) })
+	if v.task, err = c.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, v.console, io.Discard))); err != nil {
+		t.Fatalf("create task: %v\ncontainerd log:\n%s", err, s.d.logTail())
+	}
+	return v
+}
+
+// assertNothingLeft is assertNothingLeft for the daemon: no process,
+// mount, runtime dir, netns, cgroup, bundle or snapshot of id.
+func (s *smallLayer) assertNothingLeft(ctx context.Context, t *testing.T, id string) {
+	t.Helper()
+	waitGone(ctx, t, "processes of "+id, func() bool { return len(processesMentioning(id)) == 0 })
+	for _, m := range mountsUnder(s.d.dir) {
+		if strings.Contains(m, id) {
+			t.Errorf("mount left for %s: %s", id, m)
+		}
+	}
+	sum := sha256.Sum256([]byte(testNamespace + "/" + id))
+	if _, err := os.Stat(filepath.Join("/run/vmshim", hex.EncodeToString(sum[:8]))); err == nil {
+		t.Errorf("runtime dir left for %s", id)
+	}
+	if _, err := os.Stat(vmNetns(testNamespace, id)); err == nil {
+		t.Errorf("network namespace left for %s", id)
+	}
+	if left, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", testNamespace, id)); len(left) > 0 {
+		t.Errorf("cgroups left for %s: %v", id, left)
+	}
+	bundle := filepath.Join(s.d.dir, "state", "io.containerd.runtime.v2.task", testNamespace, id)
+	if _, err := os.Stat(bundle); err == nil {
+		t.Errorf("bundle left for %s: %s", id, bundle)
+	}
+	if err := s.client.SnapshotService("overlayfs").Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+		if info.Name == id {
+			t.Errorf("snapshot left for %s", id)
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("walk snapshots: %v", err)
+	}
+}
