@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -70,7 +71,8 @@ func CreateOverlay(ctx context.Context, qemuImg string, base string, baseFormat 
 		return fmt.Errorf("overlay %s: %w", overlayPath, err)
 	}
 	if res.code != 0 {
-		return preconditionf("overlay %s: qemu-img create: %s", overlayPath, message(res.stderr, ""))
+		// qemu-img names the overlay again; say it once.
+		return preconditionf("overlay %s: qemu-img create: %s", overlayPath, message(strings.ReplaceAll(res.stderr, overlayPath+": ", ""), ""))
 	}
 	if _, err = os.Stat(overlayPath); err != nil {
 		return preconditionf("overlay %s: qemu-img create reported success but left no file", overlayPath)

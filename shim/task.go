@@ -170,7 +170,7 @@ func (t *task) kill(ctx context.Context, sig uint32) error {
 			return t.vm.Kill()
 		}
 		if err := t.vm.Powerdown(ctx); err != nil {
-			return fmt.Errorf("power down vm %s: %w", t.id, err)
+			return fmt.Errorf("task %s: %w", t.id, err)
 		}
 		return nil
 	}
