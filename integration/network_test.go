@@ -89,41 +89,7 @@ func testPodNetwork(t *testing.T, d *daemon, gateway string) {
 	assertNoCNIErrors(t, d)
 }
 
-// TestPodNetworkChurn runs VM pods through their whole life many times:
-// interfaces, qdiscs and containerd's open files must not grow.
-func TestPodNetworkChurn(t *testing.T) {
-	cycles := 20
-	if testing.Short() {
-		cycles = 3
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(cycles)*bootTimeout)
-	defer cancel()
-	c := newCRI(t, env.daemon)
-	cycle := func(i int) {
-		p := c.runPod(ctx, t, fmt.Sprintf("churn-%d", i))
-		vm := p.startVM(ctx, t, imageKernelWaitCRI, nil)
-		vm.waitLog(ctx, t, "VMSHIM-LEASE")
-		vm.stop(ctx, t, 0)
-		p.remove(t)
-	}
-	cycle(0) // warm up: the bridge and containerd's caches come into being
-	before := netnsCounts(t, env.daemon)
-	for i := 1; i <= cycles; i++ {
-		cycle(i)
-	}
-	after := netnsCounts(t, env.daemon)
-	t.Logf("after %d cycles: before %+v, after %+v", cycles, before, after)
-	if after.links > before.links || after.qdiscs > before.qdiscs {
-		t.Errorf("network leak: before %+v, after %+v", before, after)
-	}
-	// Allow a little slack for fds containerd opens for its own reasons.
-	if after.fds > before.fds+5 {
-		t.Errorf("containerd fds grew from %d to %d", before.fds, after.fds)
-	}
-	assertNoCNIErrors(t, env.daemon)
-}
-
-// counts are the resources the churn test watches.
+// counts are resources of a daemon's network namespace and containerd.
 type counts struct{ links, qdiscs, fds int }
 
 func netnsCounts(t *testing.T, d *daemon) counts {
