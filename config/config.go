@@ -92,7 +92,7 @@ func Default() Config {
 		MemoryOverhead: "192Mi",
 		MaxDiskSize:    "256Gi",
 		DiskDriver:     DiskDriverVirtioBlk,
-		KernelCmdline:  "console=ttyS0",
+		KernelCmdline:  "console=ttyS0 no_timer_check",
 		Sandbox:        true,
 		BootTimeout:    "60s",
 		CNIConfDir:     "/etc/cni/net.d",

@@ -68,7 +68,7 @@ func newSpec(opts ...specOpt) *specs.Spec {
 func baseVM() VM {
 	return VM{
 		ID: "c1", Hostname: "vm1", VCPUs: 1, MemoryMiB: 512, DiskDriver: "virtio-blk",
-		KernelCmdline: "console=ttyS0", Env: []string{"A=1"}, BootTimeout: 60 * time.Second,
+		KernelCmdline: "console=ttyS0 no_timer_check", Env: []string{"A=1"}, BootTimeout: 60 * time.Second,
 	}
 }
 
@@ -145,7 +145,7 @@ func TestResolve(t *testing.T) {
 		{name: "ssh key with options", spec: newSpec(withAnn(AnnotationSSHAuthorizedKeys, `command="/bin/true" `+k1)), wantErr: `annotation vmshim.io/ssh-authorized-keys: line 1 is not an ssh public key ("type base64 [comment]")`},
 
 		// kernel command line
-		{name: "kernel cmdline", spec: newSpec(withAnn(AnnotationKernelCmdline, "  quiet loglevel=3 ")), want: func(v *VM) { v.KernelCmdline = "console=ttyS0 quiet loglevel=3" }},
+		{name: "kernel cmdline", spec: newSpec(withAnn(AnnotationKernelCmdline, "  quiet loglevel=3 ")), want: func(v *VM) { v.KernelCmdline = "console=ttyS0 no_timer_check quiet loglevel=3" }},
 		{name: "kernel cmdline empty config", cfg: func(c *Config) { c.KernelCmdline = "" }, spec: newSpec(withAnn(AnnotationKernelCmdline, "quiet")), want: func(v *VM) { v.KernelCmdline = "quiet" }},
 		{name: "kernel cmdline newline", spec: newSpec(withAnn(AnnotationKernelCmdline, "quiet\ninit=/bin/sh")), wantErr: "annotation vmshim.io/kernel-cmdline: contains a newline or NUL"},
 		{name: "kernel cmdline nul", spec: newSpec(withAnn(AnnotationKernelCmdline, "quiet\x00")), wantErr: "annotation vmshim.io/kernel-cmdline: contains a newline or NUL"},
