@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
-	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
@@ -249,23 +248,7 @@ func createVMWithIO(ctx context.Context, t *testing.T, id, ref, stdout string, o
 	if err != nil {
 		t.Fatal(err)
 	}
-	img, err := env.client.GetImage(ctx, ref)
-	if err != nil {
-		t.Fatalf("get image %s: %v", ref, err)
-	}
-	c, err := env.client.NewContainer(ctx, id,
-		client.WithImage(img),
-		client.WithNewSnapshot(id, img),
-		client.WithRuntime(runtimeName, nil),
-		client.WithNewSpec(append([]oci.SpecOpts{oci.WithImageConfig(img), oci.WithHostname(id)}, opts...)...),
-	)
-	if err != nil {
-		t.Fatalf("create container: %v", err)
-	}
-	v := &vm{id: id, container: c, console: newConsoleOut()}
-	t.Cleanup(func() { v.remove(t) })
-	v.task, err = c.NewTask(ctx, cio.LogURI(u))
-	return v, err
+	return env.createVM(ctx, t, id, ref, nil, func(*vm) cio.Creator { return cio.LogURI(u) }, opts...)
 }
 
 // testBadInputCRI runs the pod-level cases through the CRI: a bad

@@ -3,10 +3,7 @@ package integration
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,9 +12,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/core/snapshots"
-	"github.com/containerd/containerd/v2/pkg/cio"
-	"github.com/containerd/containerd/v2/pkg/oci"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -167,13 +161,6 @@ func assertPodGone(ctx context.Context, t *testing.T, p *pod, netns string, ids 
 	}
 }
 
-// vmNetns is the path of the network namespace the shim makes for a
-// container that asks for one of its own.
-func vmNetns(ns, id string) string {
-	sum := sha256.Sum256([]byte(ns + "/" + id))
-	return filepath.Join("/run/netns", "vmshim-"+hex.EncodeToString(sum[:8]))
-}
-
 // waitDaemonLog waits until a line of d's log contains every one of parts
 // and returns it.
 func waitDaemonLog(ctx context.Context, t *testing.T, d *daemon, parts ...string) string {
@@ -240,6 +227,7 @@ func TestFaultWritableLayerFull(t *testing.T) {
 		}
 	}
 	small := &smallLayer{d: d, client: cl}
+	suite := &suite{daemon: d, client: cl}
 
 	// No room for the overlay: create fails with one line naming it and
 	// the cause, and leaves nothing behind.
@@ -255,7 +243,7 @@ func TestFaultWritableLayerFull(t *testing.T) {
 			t.Errorf("want one line naming the overlay and ENOSPC, got:\n%s", out)
 		}
 		t.Logf("%s", strings.Join(lines, " / "))
-		small.assertNothingLeft(ctx, t, id)
+		suite.assertNothingLeft(ctx, t, id)
 	})
 
 	// The overlay is made, then the layer fills up: the guest's first
@@ -264,7 +252,10 @@ func TestFaultWritableLayerFull(t *testing.T) {
 	// ends it with 137 and nothing is left.
 	t.Run("runtime", func(t *testing.T) {
 		id := uniqueID(t)
-		v := small.createVM(ctx, t, id, imageDebianCloud)
+		v, err := suite.createVM(ctx, t, id, imageDebianCloud, nil, nil)
+		if err != nil {
+			t.Fatalf("create task: %v\ncontainerd log:\n%s", err, d.logTail())
+		}
 		small.fill(t)
 		v.start(ctx, t)
 		pid := int(v.task.Pid())
@@ -287,7 +278,7 @@ func TestFaultWritableLayerFull(t *testing.T) {
 			t.Errorf("exit status %d, want 137", code)
 		}
 		v.remove(t)
-		small.assertNothingLeft(ctx, t, id)
+		suite.assertNothingLeft(ctx, t, id)
 	})
 }
 
@@ -326,63 +317,4 @@ func (s *smallLayer) fill(t *testing.T) {
 		}
 	}
 	t.Logf("writable layer: %d KiB free of %d MiB", slack>>10, smallLayerMiB)
-}
-
-// createVM creates VM task id on the daemon from an imported image; the
-// task is not started.
-func (s *smallLayer) createVM(ctx context.Context, t *testing.T, id, ref string) *vm {
-	t.Helper()
-	img, err := s.client.GetImage(ctx, ref)
-	if err != nil {
-		t.Fatalf("get image %s: %v", ref, err)
-	}
-	c, err := s.client.NewContainer(ctx, id,
-		client.WithImage(img),
-		client.WithNewSnapshot(id, img),
-		client.WithRuntime(runtimeName, nil),
-		client.WithNewSpec(oci.WithImageConfig(img), oci.WithHostname(id)),
-	)
-	if err != nil {
-		t.Fatalf("create container: %v", err)
-	}
-	v := &vm{id: id, container: c, console: newConsoleOut()}
-	t.Cleanup(func() { v.remove(t) })
-	if v.task, err = c.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, v.console, io.Discard))); err != nil {
-		t.Fatalf("create task: %v\ncontainerd log:\n%s", err, s.d.logTail())
-	}
-	return v
-}
-
-// assertNothingLeft is assertNothingLeft for the daemon: no process,
-// mount, runtime dir, netns, cgroup, bundle or snapshot of id.
-func (s *smallLayer) assertNothingLeft(ctx context.Context, t *testing.T, id string) {
-	t.Helper()
-	waitGone(ctx, t, "processes of "+id, func() bool { return len(processesMentioning(id)) == 0 })
-	for _, m := range mountsUnder(s.d.dir) {
-		if strings.Contains(m, id) {
-			t.Errorf("mount left for %s: %s", id, m)
-		}
-	}
-	sum := sha256.Sum256([]byte(testNamespace + "/" + id))
-	if _, err := os.Stat(filepath.Join("/run/vmshim", hex.EncodeToString(sum[:8]))); err == nil {
-		t.Errorf("runtime dir left for %s", id)
-	}
-	if _, err := os.Stat(vmNetns(testNamespace, id)); err == nil {
-		t.Errorf("network namespace left for %s", id)
-	}
-	if left, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", testNamespace, id)); len(left) > 0 {
-		t.Errorf("cgroups left for %s: %v", id, left)
-	}
-	bundle := filepath.Join(s.d.dir, "state", "io.containerd.runtime.v2.task", testNamespace, id)
-	if _, err := os.Stat(bundle); err == nil {
-		t.Errorf("bundle left for %s: %s", id, bundle)
-	}
-	if err := s.client.SnapshotService("overlayfs").Walk(ctx, func(_ context.Context, info snapshots.Info) error {
-		if info.Name == id {
-			t.Errorf("snapshot left for %s", id)
-		}
-		return nil
-	}); err != nil {
-		t.Errorf("walk snapshots: %v", err)
-	}
 }

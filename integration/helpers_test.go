@@ -118,11 +118,19 @@ func startVM(ctx context.Context, t *testing.T, ref string) *vm {
 // options and spec options given; the task is not started.
 func createVM(ctx context.Context, t *testing.T, id, ref string, runtimeOpts any, opts ...oci.SpecOpts) (*vm, error) {
 	t.Helper()
-	img, err := env.client.GetImage(ctx, ref)
+	return env.createVM(ctx, t, id, ref, runtimeOpts, nil, opts...)
+}
+
+// createVM creates VM task id on the suite's daemon. The task's IO is
+// ioc's, or, when ioc is nil, its console and a discarded stderr.
+func (s *suite) createVM(ctx context.Context, t *testing.T, id, ref string, runtimeOpts any,
+	ioc func(*vm) cio.Creator, opts ...oci.SpecOpts) (*vm, error) {
+	t.Helper()
+	img, err := s.client.GetImage(ctx, ref)
 	if err != nil {
 		t.Fatalf("get image %s: %v", ref, err)
 	}
-	c, err := env.client.NewContainer(ctx, id,
+	c, err := s.client.NewContainer(ctx, id,
 		client.WithImage(img),
 		client.WithNewSnapshot(id, img),
 		client.WithRuntime(runtimeName, runtimeOpts),
@@ -133,7 +141,11 @@ func createVM(ctx context.Context, t *testing.T, id, ref string, runtimeOpts any
 	}
 	v := &vm{id: id, container: c, console: newConsoleOut()}
 	t.Cleanup(func() { v.remove(t) })
-	v.task, err = c.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, v.console, io.Discard)))
+	creator := cio.NewCreator(cio.WithStreams(nil, v.console, io.Discard))
+	if ioc != nil {
+		creator = ioc(v)
+	}
+	v.task, err = c.NewTask(ctx, creator)
 	return v, err
 }
 
@@ -187,6 +199,12 @@ func (v *vm) remove(t *testing.T) {
 // or shim process, no mount, no runtime dir, no bundle, no snapshot.
 func assertNothingLeft(ctx context.Context, t *testing.T, id string) {
 	t.Helper()
+	env.assertNothingLeft(ctx, t, id)
+}
+
+// assertNothingLeft is assertNothingLeft on the suite's daemon.
+func (s *suite) assertNothingLeft(ctx context.Context, t *testing.T, id string) {
+	t.Helper()
 	// Processes may take a moment to be reaped after delete returns.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -200,7 +218,7 @@ func assertNothingLeft(ctx context.Context, t *testing.T, id string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	for _, m := range mountsUnder(env.daemon.dir) {
+	for _, m := range mountsUnder(s.daemon.dir) {
 		if strings.Contains(m, id) {
 			t.Errorf("mount left for %s: %s", id, m)
 		}
@@ -209,18 +227,18 @@ func assertNothingLeft(ctx context.Context, t *testing.T, id string) {
 	if _, err := os.Stat(filepath.Join("/run/vmshim", hex.EncodeToString(sum[:8]))); err == nil {
 		t.Errorf("runtime dir left for %s", id)
 	}
-	if _, err := os.Stat(filepath.Join("/run/netns", "vmshim-"+hex.EncodeToString(sum[:8]))); err == nil {
+	if _, err := os.Stat(vmNetns(testNamespace, id)); err == nil {
 		t.Errorf("network namespace left for %s", id)
 	}
 	// ctr's containers run in the cgroup /NAMESPACE/ID.
 	if left, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", testNamespace, id)); len(left) > 0 {
 		t.Errorf("cgroups left for %s: %v", id, left)
 	}
-	bundle := filepath.Join(env.daemon.dir, "state", "io.containerd.runtime.v2.task", testNamespace, id)
+	bundle := filepath.Join(s.daemon.dir, "state", "io.containerd.runtime.v2.task", testNamespace, id)
 	if _, err := os.Stat(bundle); err == nil {
 		t.Errorf("bundle left for %s: %s", id, bundle)
 	}
-	if err := env.client.SnapshotService("overlayfs").Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+	if err := s.client.SnapshotService("overlayfs").Walk(ctx, func(_ context.Context, info snapshots.Info) error {
 		if info.Name == id {
 			t.Errorf("snapshot left for %s", id)
 		}
@@ -228,6 +246,13 @@ func assertNothingLeft(ctx context.Context, t *testing.T, id string) {
 	}); err != nil {
 		t.Errorf("walk snapshots: %v", err)
 	}
+}
+
+// vmNetns is the path of the network namespace the shim makes for a
+// container that asks for one of its own.
+func vmNetns(ns, id string) string {
+	sum := sha256.Sum256([]byte(ns + "/" + id))
+	return filepath.Join("/run/netns", "vmshim-"+hex.EncodeToString(sum[:8]))
 }
 
 // processesMentioning lists "pid: cmdline" of processes whose command

@@ -2,8 +2,6 @@ package integration
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -78,12 +76,6 @@ func readHookLog(t *testing.T, path string) []hookCall {
 	return calls
 }
 
-// taskNetns is the network namespace the shim makes for a ctr task.
-func taskNetns(id string) string {
-	sum := sha256.Sum256([]byte(testNamespace + "/" + id))
-	return filepath.Join("/run/netns", "vmshim-"+hex.EncodeToString(sum[:8]))
-}
-
 // TestHooks runs a VM whose spec has a hook in every phase and checks the
 // order of the calls and the state each one read on stdin, the namespace
 // each ran in, and that a failing createRuntime hook fails the create
@@ -107,7 +99,7 @@ func TestHooks(t *testing.T) {
 		defer cancel()
 		logPath := filepath.Join(dir, "lifecycle.log")
 		id := uniqueID(t)
-		netns := taskNetns(id)
+		netns := vmNetns(testNamespace, id)
 		v, err := createVM(ctx, t, id, imageKernelOff, nil, withHooks(script, logPath, netns, false))
 		if err != nil {
 			t.Fatalf("create: %v\ncontainerd log:\n%s", err, env.daemon.logTail())
@@ -165,7 +157,7 @@ func TestHooks(t *testing.T) {
 		defer cancel()
 		logPath := filepath.Join(dir, "killed.log")
 		id := uniqueID(t)
-		v, err := createVM(ctx, t, id, imageKernelWait, nil, withHooks(script, logPath, taskNetns(id), false))
+		v, err := createVM(ctx, t, id, imageKernelWait, nil, withHooks(script, logPath, vmNetns(testNamespace, id), false))
 		if err != nil {
 			t.Fatalf("create: %v", err)
 		}
@@ -187,7 +179,7 @@ func TestHooks(t *testing.T) {
 		defer cancel()
 		logPath := filepath.Join(dir, "fail.log")
 		id := uniqueID(t)
-		v, err := createVM(ctx, t, id, imageKernelOff, nil, withHooks(script, logPath, taskNetns(id), true))
+		v, err := createVM(ctx, t, id, imageKernelOff, nil, withHooks(script, logPath, vmNetns(testNamespace, id), true))
 		if err == nil {
 			t.Fatal("create succeeded with a failing createRuntime hook")
 		}
