@@ -2,8 +2,6 @@ package integration
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -308,8 +306,7 @@ func testBadInputCRI(t *testing.T) {
 				if _, err := os.Stat(bundle); err == nil {
 					t.Errorf("bundle left for %s: %s", id, bundle)
 				}
-				sum := sha256.Sum256([]byte(criNamespace + "/" + id))
-				if _, err := os.Stat(filepath.Join("/run/netns", "vmshim-"+hex.EncodeToString(sum[:8]))); err == nil {
+				if _, err := os.Stat(vmNetns(criNamespace, id)); err == nil {
 					t.Errorf("network namespace left for %s", id)
 				}
 			}
@@ -320,21 +317,5 @@ func testBadInputCRI(t *testing.T) {
 // runPodAnnotated is cri.runPod for a pod with annotations.
 func runPodAnnotated(ctx context.Context, t *testing.T, c *cri, name string, annotations map[string]string) *pod {
 	t.Helper()
-	uid := uniqueID(t)
-	pc := newPodCgroup(t, "pod"+uid, 0)
-	cfg := &runtimeapi.PodSandboxConfig{
-		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Uid: uid, Namespace: "default"},
-		Hostname:     name,
-		LogDirectory: filepath.Join(c.logDir, name),
-		Annotations:  annotations,
-		Linux:        &runtimeapi.LinuxPodSandboxConfig{CgroupParent: pc.path},
-	}
-	resp, err := c.runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: runtimeHandler})
-	if err != nil {
-		pc.remove(t)
-		t.Fatalf("RunPodSandbox: %v\ncontainerd log:\n%s", err, c.d.logTail())
-	}
-	p := &pod{c: c, id: resp.PodSandboxId, name: name, config: cfg, cgroup: pc}
-	t.Cleanup(func() { p.remove(t) })
-	return p
+	return c.runPodWith(ctx, t, name, 0, func(cfg *runtimeapi.PodSandboxConfig) { cfg.Annotations = annotations })
 }

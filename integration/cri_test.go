@@ -74,6 +74,13 @@ func (c *cri) runPod(ctx context.Context, t *testing.T, name string) *pod {
 // of its containers' limits and the RuntimeClass overhead).
 func (c *cri) runPodLimited(ctx context.Context, t *testing.T, name string, memLimit int64) *pod {
 	t.Helper()
+	return c.runPodWith(ctx, t, name, memLimit, nil)
+}
+
+// runPodWith is runPodLimited with the sandbox config changed by edit
+// (nil for none) before the pod runs.
+func (c *cri) runPodWith(ctx context.Context, t *testing.T, name string, memLimit int64, edit func(*runtimeapi.PodSandboxConfig)) *pod {
+	t.Helper()
 	uid := uniqueID(t)
 	pc := newPodCgroup(t, "pod"+uid, memLimit)
 	cfg := &runtimeapi.PodSandboxConfig{
@@ -82,6 +89,9 @@ func (c *cri) runPodLimited(ctx context.Context, t *testing.T, name string, memL
 		LogDirectory: filepath.Join(c.logDir, name),
 		DnsConfig:    &runtimeapi.DNSConfig{Servers: []string{"10.96.0.10"}, Searches: []string{"default.svc.cluster.local", "svc.cluster.local"}},
 		Linux:        &runtimeapi.LinuxPodSandboxConfig{CgroupParent: pc.path},
+	}
+	if edit != nil {
+		edit(cfg)
 	}
 	resp, err := c.runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: runtimeHandler})
 	if err != nil {
