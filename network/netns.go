@@ -1,10 +1,11 @@
 package network
 
 import (
+	"github.com/vmshim/vmshim/thread"
+
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -89,34 +90,9 @@ func (p *podNS) Close() {
 }
 
 // do runs fn on an OS thread switched into the namespace. Sockets and tap
-// devices opened by fn belong to the namespace. If the thread cannot be
-// switched back it stays locked and the runtime discards it.
+// devices opened by fn belong to the namespace.
 func (p *podNS) do(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(p.ns); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter netns %s: %w", p.path, err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			// The thread is left locked on purpose: it dies with this goroutine.
-			errc <- errors.Join(ferr, fmt.Errorf("leave netns %s: %w", p.path, err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
+	return thread.Run(fn, thread.JoinNetns(p.path))
 }
 
 // retryDump repeats a netlink dump interrupted by a concurrent change.

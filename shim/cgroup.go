@@ -1,6 +1,8 @@
 package shim
 
 import (
+	"github.com/vmshim/vmshim/thread"
+
 	"context"
 	"errors"
 	"fmt"
@@ -40,8 +42,8 @@ type taskCgroup interface {
 	// Add moves a process, with all its threads, into the cgroup.
 	Add(pid int) error
 	// Start starts cmd in the cgroup, forking it from a thread the steps
-	// moved first (see forkFrom).
-	Start(cmd *exec.Cmd, steps ...threadStep) error
+	// moved first (see thread.Fork).
+	Start(cmd *exec.Cmd, steps ...thread.Step) error
 	// Update applies limits.
 	Update(r *specs.LinuxResources) error
 	// Stats reports usage as *cgroup1stats.Metrics or *cgroup2stats.Metrics.
@@ -359,12 +361,12 @@ func (c *v1Cgroup) Add(pid int) error {
 // Start starts cmd inside the cgroup, so that everything the process
 // allocates, from its first page, is charged here. v1 places threads, not
 // processes: the forking thread joins the cgroup, after the steps, and goes
-// back to its own cgroups once the child is started (see forkFrom).
-func (c *v1Cgroup) Start(cmd *exec.Cmd, steps ...threadStep) error {
-	return forkFrom(cmd, append(steps, c.join)...)
+// back to its own cgroups once the child is started (see thread.Fork).
+func (c *v1Cgroup) Start(cmd *exec.Cmd, steps ...thread.Step) error {
+	return thread.Fork(cmd, append(steps, c.join)...)
 }
 
-// join is the threadStep that moves the calling thread into the cgroup.
+// join is the thread.Step that moves the calling thread into the cgroup.
 func (c *v1Cgroup) join() (func() bool, error) {
 	orig, err := cgroup1.ParseCgroupFile("/proc/thread-self/cgroup")
 	if err != nil {
@@ -440,7 +442,7 @@ type v2Cgroup struct {
 }
 
 // Start starts cmd inside the cgroup (clone3 with CLONE_INTO_CGROUP).
-func (c *v2Cgroup) Start(cmd *exec.Cmd, steps ...threadStep) error {
+func (c *v2Cgroup) Start(cmd *exec.Cmd, steps ...thread.Step) error {
 	fd, err := unix.Open(c.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return cgroupError("open", c.path, err, errdefs.ErrUnknown)
@@ -450,7 +452,7 @@ func (c *v2Cgroup) Start(cmd *exec.Cmd, steps ...threadStep) error {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
-	return forkFrom(cmd, steps...)
+	return thread.Fork(cmd, steps...)
 }
 
 // Add moves pid into the cgroup.

@@ -1,6 +1,8 @@
 package shim
 
 import (
+	"github.com/vmshim/vmshim/thread"
+
 	"context"
 	"errors"
 	"fmt"
@@ -68,8 +70,8 @@ func (c *scopeCgroup) Add(pid int) (retErr error) {
 
 // Start starts cmd, then puts it in the scope: systemd makes the scope
 // around a running process.
-func (c *scopeCgroup) Start(cmd *exec.Cmd, steps ...threadStep) error {
-	if err := forkFrom(cmd, steps...); err != nil {
+func (c *scopeCgroup) Start(cmd *exec.Cmd, steps ...thread.Step) error {
+	if err := thread.Fork(cmd, steps...); err != nil {
 		return err
 	}
 	return c.Add(cmd.Process.Pid)

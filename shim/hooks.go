@@ -1,6 +1,8 @@
 package shim
 
 import (
+	"github.com/vmshim/vmshim/thread"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -144,9 +146,9 @@ func (h *ociHooks) runPhase(ctx context.Context, phase string, status specs.Cont
 	if err != nil {
 		return err
 	}
-	var steps []threadStep
+	var steps []thread.Step
 	if h.netns != "" && (phase == phaseCreateContainer || phase == phaseStartContainer) {
-		steps = append(steps, joinNetns(h.netns))
+		steps = append(steps, thread.JoinNetns(h.netns))
 	}
 	for i, hk := range list {
 		err := runHook(ctx, hk, state, h.bundle, steps...)
@@ -164,7 +166,7 @@ func (h *ociHooks) runPhase(ctx context.Context, phase string, status specs.Cont
 
 // runHook runs one hook with the state on stdin, from bundle, forked from a
 // thread the steps moved, and waits for it within its timeout.
-func runHook(ctx context.Context, hk specs.Hook, state []byte, bundle string, steps ...threadStep) error {
+func runHook(ctx context.Context, hk specs.Hook, state []byte, bundle string, steps ...thread.Step) error {
 	hookCtx := ctx
 	if hk.Timeout != nil {
 		var cancel context.CancelFunc
@@ -182,7 +184,7 @@ func runHook(ctx context.Context, hk specs.Hook, state []byte, bundle string, st
 	cmd.Stderr = stderr // stdout goes to /dev/null
 	cmd.WaitDelay = hookWaitDelay
 	start := time.Now()
-	if err := forkFrom(cmd, steps...); err != nil {
+	if err := thread.Fork(cmd, steps...); err != nil {
 		return err
 	}
 	err := cmd.Wait()

@@ -1,6 +1,8 @@
 package shim
 
 import (
+	"github.com/vmshim/vmshim/thread"
+
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -474,11 +476,11 @@ func attachCNI(ctx context.Context, cfg config.Config, ns, id string, rec *recor
 
 // netnsSteps moves a forking thread into the network namespace at path;
 // none for the host's.
-func netnsSteps(path string) []threadStep {
+func netnsSteps(path string) []thread.Step {
 	if path == "" {
 		return nil
 	}
-	return []threadStep{joinNetns(path)}
+	return []thread.Step{thread.JoinNetns(path)}
 }
 
 // hostname is the pod's host name: the spec's, or, for a CRI container

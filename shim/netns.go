@@ -1,6 +1,8 @@
 package shim
 
 import (
+	"github.com/vmshim/vmshim/thread"
+
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -42,7 +44,7 @@ func createNetns(path string) (retErr error) {
 			_ = removeNetns(path)
 		}
 	}()
-	return onThread(func() error {
+	return thread.Run(func() error {
 		if err := unix.Mount("/proc/thread-self/ns/net", path, "none", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("pin netns at %s: %w", path, err)
 		}
@@ -54,7 +56,7 @@ func createNetns(path string) (retErr error) {
 			return fmt.Errorf("loopback up in new netns: %w", err)
 		}
 		return nil
-	}, newNetnsStep)
+	}, thread.NewNetns)
 }
 
 // removeNetns unpins and removes a namespace createNetns made; a missing

@@ -1,6 +1,8 @@
 package shim
 
 import (
+	"github.com/vmshim/vmshim/thread"
+
 	"context"
 	"fmt"
 	"os/exec"
@@ -96,9 +98,9 @@ func (c *cgroupLimits) create(ctx context.Context, spec *specs.Spec, rec *record
 
 // start starts the task's process inside its cgroup, forked from a thread
 // the steps moved first (into the VM's network namespace, say).
-func (c *cgroupLimits) start(cmd *exec.Cmd, steps ...threadStep) error {
+func (c *cgroupLimits) start(cmd *exec.Cmd, steps ...thread.Step) error {
 	if c.cg == nil {
-		return forkFrom(cmd, steps...)
+		return thread.Fork(cmd, steps...)
 	}
 	if err := c.cg.Start(cmd, steps...); err != nil {
 		return fmt.Errorf("start %s in cgroup %s: %w", filepath.Base(cmd.Path), c.cg.Path(), err)

@@ -1,4 +1,4 @@
-package shim
+package thread
 
 import (
 	"bytes"
@@ -16,15 +16,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// waitTimeout bounds how long a test waits for a thread or process.
+const waitTimeout = 5 * time.Second
+
 // stepLog records what fake thread steps did, in order.
 type stepLog struct {
 	calls []string
 	tid   int // the thread the last step ran on
 }
 
-// step is a fake threadStep named name that fails with err, or succeeds
+// step is a fake Step named name that fails with err, or succeeds
 // with an undo that reports back.
-func (l *stepLog) step(name string, err error, back bool) threadStep {
+func (l *stepLog) step(name string, err error, back bool) Step {
 	return func() (func() bool, error) {
 		l.calls = append(l.calls, name)
 		l.tid = unix.Gettid()
@@ -43,44 +46,44 @@ func TestForkFromSteps(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		path     string // the command; /bin/true when empty
-		steps    func(l *stepLog) []threadStep
+		steps    func(l *stepLog) []Step
 		want     []string
 		wantErr  error
 		started  bool
 		lostTask bool // an undo failed: the thread must end
 	}{
-		{name: "no steps", steps: func(*stepLog) []threadStep { return nil }, started: true},
+		{name: "no steps", steps: func(*stepLog) []Step { return nil }, started: true},
 		{
 			name:    "undone in reverse",
-			steps:   func(l *stepLog) []threadStep { return []threadStep{l.step("a", nil, true), l.step("b", nil, true)} },
+			steps:   func(l *stepLog) []Step { return []Step{l.step("a", nil, true), l.step("b", nil, true)} },
 			want:    []string{"a", "b", "undo b", "undo a"},
 			started: true,
 		},
 		{
 			name: "failing step undoes the earlier ones",
-			steps: func(l *stepLog) []threadStep {
-				return []threadStep{l.step("a", nil, true), l.step("b", nil, true), l.step("c", errStep, true), l.step("d", nil, true)}
+			steps: func(l *stepLog) []Step {
+				return []Step{l.step("a", nil, true), l.step("b", nil, true), l.step("c", errStep, true), l.step("d", nil, true)}
 			},
 			want:    []string{"a", "b", "c", "undo b", "undo a"},
 			wantErr: errStep,
 		},
 		{
 			name:    "first step fails",
-			steps:   func(l *stepLog) []threadStep { return []threadStep{l.step("a", errStep, true)} },
+			steps:   func(l *stepLog) []Step { return []Step{l.step("a", errStep, true)} },
 			want:    []string{"a"},
 			wantErr: errStep,
 		},
 		{
 			name:    "start fails",
 			path:    "/nonexistent/command",
-			steps:   func(l *stepLog) []threadStep { return []threadStep{l.step("a", nil, true), l.step("b", nil, true)} },
+			steps:   func(l *stepLog) []Step { return []Step{l.step("a", nil, true), l.step("b", nil, true)} },
 			want:    []string{"a", "b", "undo b", "undo a"},
 			wantErr: os.ErrNotExist,
 		},
 		{
 			name: "undo fails",
-			steps: func(l *stepLog) []threadStep {
-				return []threadStep{l.step("a", nil, false), l.step("b", nil, true)}
+			steps: func(l *stepLog) []Step {
+				return []Step{l.step("a", nil, false), l.step("b", nil, true)}
 			},
 			want:     []string{"a", "b", "undo b", "undo a"},
 			started:  true,
@@ -94,7 +97,7 @@ func TestForkFromSteps(t *testing.T) {
 			}
 			cmd := exec.Command(path)
 			var l stepLog
-			err := forkFrom(cmd, tc.steps(&l)...)
+			err := Fork(cmd, tc.steps(&l)...)
 			if cmd.Process != nil {
 				if werr := cmd.Wait(); werr != nil {
 					t.Errorf("command: %v", werr)
@@ -102,9 +105,9 @@ func TestForkFromSteps(t *testing.T) {
 			}
 			switch {
 			case tc.wantErr == nil && err != nil:
-				t.Errorf("forkFrom: %v", err)
+				t.Errorf("Fork: %v", err)
 			case tc.wantErr != nil && !errors.Is(err, tc.wantErr):
-				t.Errorf("forkFrom: %v, want %v", err, tc.wantErr)
+				t.Errorf("Fork: %v, want %v", err, tc.wantErr)
 			}
 			if started := cmd.Process != nil; started != tc.started {
 				t.Errorf("command started: %v, want %v", started, tc.started)
@@ -131,12 +134,12 @@ func TestForkFromSteps(t *testing.T) {
 }
 
 // readlinkNetns runs `readlink /proc/self/ns/net` forked after steps.
-func readlinkNetns(t *testing.T, steps ...threadStep) string {
+func readlinkNetns(t *testing.T, steps ...Step) string {
 	t.Helper()
 	var out bytes.Buffer
 	cmd := exec.Command("/bin/readlink", "/proc/self/ns/net")
 	cmd.Stdout = &out
-	if err := forkFrom(cmd, steps...); err != nil {
+	if err := Fork(cmd, steps...); err != nil {
 		t.Fatal(err)
 	}
 	if err := cmd.Wait(); err != nil {
@@ -158,7 +161,7 @@ func TestForkFromNetns(t *testing.T) {
 	}
 
 	var tid int
-	join := joinNetns(path)
+	join := JoinNetns(path)
 	recordTid := func() (func() bool, error) {
 		tid = unix.Gettid()
 		return join()
@@ -195,9 +198,9 @@ func TestJoinNetnsErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command("/bin/true")
-			err := forkFrom(cmd, joinNetns(tc.path))
+			err := Fork(cmd, JoinNetns(tc.path))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("forkFrom: %v, want an error saying %q", err, tc.want)
+				t.Errorf("Fork: %v, want an error saying %q", err, tc.want)
 			}
 			if cmd.Process != nil {
 				_ = cmd.Wait()
@@ -205,4 +208,45 @@ func TestJoinNetnsErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// testNetns makes a network namespace pinned under a temporary directory
+// and removes it when the test ends; it skips the test unless root.
+func testNetns(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("making a network namespace needs root")
+	}
+	path := filepath.Join(t.TempDir(), "netns")
+	if err := os.WriteFile(path, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := Run(func() error {
+		return unix.Mount("/proc/thread-self/ns/net", path, "none", unix.MS_BIND, "")
+	}, NewNetns); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
+			t.Error(err)
+		}
+	})
+	return path
+}
+
+// netnsID names the network namespace at path as readlink of
+// /proc/PID/ns/net does.
+func netnsID(t *testing.T, path string) string {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatalf("stat %s: %v", path, err)
+	}
+	return fmt.Sprintf("net:[%d]", st.Ino)
+}
+
+// ourNetns names the test process's network namespace.
+func ourNetns(t *testing.T) string {
+	t.Helper()
+	return netnsID(t, "/proc/self/ns/net")
 }

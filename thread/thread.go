@@ -1,4 +1,4 @@
-package shim
+package thread
 
 import (
 	"fmt"
@@ -9,23 +9,23 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// threadStep moves the calling goroutine's locked OS thread into something
+// Step moves the calling goroutine's locked OS thread into something
 // a child forked from it inherits (a cgroup, a namespace). It returns how
 // to move the thread back; back reports whether that worked.
-type threadStep func() (back func() bool, err error)
+type Step func() (back func() bool, err error)
 
-// forkFrom starts cmd from an OS thread that the steps, in order, have
+// Fork starts cmd from an OS thread that the steps, in order, have
 // moved; the child inherits where the thread was moved to.
-func forkFrom(cmd *exec.Cmd, steps ...threadStep) error {
-	return onThread(cmd.Start, steps...)
+func Fork(cmd *exec.Cmd, steps ...Step) error {
+	return Run(cmd.Start, steps...)
 }
 
-// onThread runs fn on an OS thread that the steps, in order, have moved,
+// Run runs fn on an OS thread that the steps, in order, have moved,
 // and undoes the steps in reverse. Should undoing fail, the thread stays
 // locked and ends with its goroutine, so it never runs other Go code. (The
 // runtime makes new threads from a template thread, never from a locked
 // one.)
-func onThread(fn func() error, steps ...threadStep) error {
+func Run(fn func() error, steps ...Step) error {
 	if len(steps) == 0 {
 		return fn()
 	}
@@ -60,8 +60,8 @@ func onThread(fn func() error, steps ...threadStep) error {
 	return <-errc
 }
 
-// joinNetns is the threadStep that enters the network namespace at path.
-func joinNetns(path string) threadStep {
+// JoinNetns is the Step that enters the network namespace at path.
+func JoinNetns(path string) Step {
 	return func() (func() bool, error) {
 		target, err := netns.GetFromPath(path)
 		if err != nil {
@@ -83,9 +83,9 @@ func joinNetns(path string) threadStep {
 	}
 }
 
-// newNetnsStep is the threadStep that moves the calling thread into a new,
+// NewNetns is the Step that moves the calling thread into a new,
 // empty network namespace.
-func newNetnsStep() (func() bool, error) {
+func NewNetns() (func() bool, error) {
 	orig, err := netns.Get()
 	if err != nil {
 		return nil, fmt.Errorf("current netns: %w", err)
