@@ -11,7 +11,9 @@ import (
 
 // Step moves the calling goroutine's locked OS thread into something
 // a child forked from it inherits (a cgroup, a namespace). It returns how
-// to move the thread back; back reports whether that worked.
+// to move the thread back; back reports whether that worked. A step that
+// fails after it moved the thread returns its back with the error, so the
+// thread is moved back, or discarded.
 type Step func() (back func() bool, err error)
 
 // Fork starts cmd from an OS thread that the steps, in order, have
@@ -42,6 +44,9 @@ func Run(fn func() error, steps ...Step) error {
 		}
 		for _, step := range steps {
 			back, err := step()
+			if back != nil {
+				backs = append(backs, back)
+			}
 			if err != nil {
 				if undo() {
 					runtime.UnlockOSThread()
@@ -49,7 +54,6 @@ func Run(fn func() error, steps ...Step) error {
 				errc <- err
 				return
 			}
-			backs = append(backs, back)
 		}
 		err := fn()
 		if undo() {

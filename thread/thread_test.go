@@ -41,6 +41,19 @@ func (l *stepLog) step(name string, err error, back bool) Step {
 	}
 }
 
+// moved is a fake Step named name that moves the thread for good and
+// then fails with err.
+func (l *stepLog) moved(name string, err error) Step {
+	return func() (func() bool, error) {
+		l.calls = append(l.calls, name)
+		l.tid = unix.Gettid()
+		return func() bool {
+			l.calls = append(l.calls, "undo "+name)
+			return false
+		}, err
+	}
+}
+
 func TestForkFromSteps(t *testing.T) {
 	errStep := errors.New("step failed")
 	for _, tc := range []struct {
@@ -79,6 +92,17 @@ func TestForkFromSteps(t *testing.T) {
 			steps:   func(l *stepLog) []Step { return []Step{l.step("a", nil, true), l.step("b", nil, true)} },
 			want:    []string{"a", "b", "undo b", "undo a"},
 			wantErr: os.ErrNotExist,
+		},
+		{
+			// A step that fails having moved the thread (a jail) can
+			// only be undone by ending the thread.
+			name: "failing step that moved the thread",
+			steps: func(l *stepLog) []Step {
+				return []Step{l.step("a", nil, true), l.moved("b", errStep)}
+			},
+			want:     []string{"a", "b", "undo b", "undo a"},
+			wantErr:  errStep,
+			lostTask: true,
 		},
 		{
 			name: "undo fails",
