@@ -6,10 +6,10 @@ import (
 	"io/fs"
 	"math"
 	"os"
-	"os/user"
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,7 +17,7 @@ import (
 	"github.com/containerd/errdefs"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/vmshim/vmshim/qemu"
+	"github.com/vmshim/vmshim/jail"
 )
 
 // DefaultPath is where the shim looks for its configuration file.
@@ -71,10 +71,26 @@ type Config struct {
 	CNINetwork string   `toml:"cni_network"`
 	CNIConfDir string   `toml:"cni_conf_dir"` // directory of CNI network configurations
 	CNIBinDirs []string `toml:"cni_bin_dirs"` // directories searched, in order, for CNI plugins
-	// QEMUUser is the user QEMU runs as once it has opened its files,
-	// sockets and fds; "" keeps the shim's user.
+	// Jail runs each VM's QEMU in a jail of its own (see package jail):
+	// its own uid and gid from JailIDs, no capabilities, a mount namespace
+	// that shows it only /usr and its own files. Off only to compare.
+	Jail bool `toml:"jail"`
+	// JailIDs is the range of host ids, "FIRST-LAST", from which each VM
+	// gets its own uid and gid (the same number).
+	JailIDs string `toml:"jail_ids"`
+	// PrivilegedDevices lets a privileged container's host block devices
+	// and VFIO groups reach its VM; off, a privileged container gets none.
+	PrivilegedDevices bool `toml:"privileged_devices"`
+	// QEMUUser was the one user every QEMU ran as; each VM now has its
+	// own (Jail). Kept only to name it when a config still sets it.
 	QEMUUser string `toml:"qemu_user"`
 }
+
+// DefaultJailIDs is the default range of jail ids: 65536 ids from
+// 0x70000000, above the ranges systemd gives containers
+// (0x00080000-0x6FFFFFFF) and below 2^31, far from the ranges the kubelet
+// gives pods with user namespaces, which it hands out from 65536 upwards.
+const DefaultJailIDs = "1879048192-1879113727"
 
 // cniName is CNI's rule for network names.
 var cniName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
@@ -97,6 +113,8 @@ func Default() Config {
 		BootTimeout:    "60s",
 		CNIConfDir:     "/etc/cni/net.d",
 		CNIBinDirs:     []string{"/opt/cni/bin", "/usr/lib/cni"},
+		Jail:           true,
+		JailIDs:        DefaultJailIDs,
 	}
 }
 
@@ -238,8 +256,11 @@ func (c Config) validate() error {
 			add("cni_bin_dirs", "%s", msg)
 		}
 	}
-	if msg := checkUser(c.QEMUUser); msg != "" {
-		add("qemu_user", "%s", msg)
+	if c.QEMUUser != "" {
+		add("qemu_user", "no longer supported: each VM's QEMU runs as an id of its own from jail_ids")
+	}
+	if _, err := jail.ParseIDRange(c.JailIDs); err != nil {
+		add("jail_ids", "%v", err)
 	}
 	if len(problems) == 0 {
 		return nil
@@ -280,24 +301,6 @@ func checkDir(v string) string {
 	return ""
 }
 
-// checkUser accepts "" or the name of a user that exists on this host.
-func checkUser(v string) string {
-	if v == "" {
-		return ""
-	}
-	if err := qemu.CheckUserName(v); err != nil {
-		return err.Error()
-	}
-	if _, err := user.Lookup(v); err != nil {
-		var unknown user.UnknownUserError
-		if errors.As(err, &unknown) {
-			return fmt.Sprintf("user %q does not exist", v)
-		}
-		return fmt.Sprintf("look up user %q: %s", v, oneLine(err.Error()))
-	}
-	return ""
-}
-
 func checkCmdline(v string) string {
 	switch {
 	case strings.ContainsAny(v, "\x00\n\r"):
@@ -323,6 +326,16 @@ func oneOf(v string, allowed ...string) bool {
 
 // parseBytes parses a non-negative Kubernetes quantity into bytes (rounded up).
 func parseBytes(s string) (int64, error) {
+	// ParseQuantity and Cmp take time that grows steeply with a decimal
+	// exponent ("1e-9999999" takes seconds, longer ones hours); no byte
+	// count needs one outside -99..99.
+	if i := strings.IndexAny(s, "eE"); i >= 0 && s[i+1:] != "" && s[i+1:] != "i" {
+		if exp, err := strconv.Atoi(s[i+1:]); errors.Is(err, strconv.ErrSyntax) {
+			return 0, fmt.Errorf("%q is not a quantity (e.g. 512Mi)", s)
+		} else if err != nil || exp < -99 || exp > 99 {
+			return 0, fmt.Errorf("%q has an exponent outside -99..99", s)
+		}
+	}
 	q, err := resource.ParseQuantity(s)
 	if err != nil {
 		return 0, fmt.Errorf("%q is not a quantity (e.g. 512Mi)", s)
@@ -350,6 +363,12 @@ func invalidf(format string, args ...any) error {
 
 func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
+}
+
+// JailIDRange is jail_ids; call it on a validated Config.
+func (c Config) JailIDRange() jail.IDRange {
+	r, _ := jail.ParseIDRange(c.JailIDs)
+	return r
 }
 
 // MaxDiskBytes is max_disk_size in bytes; call it on a validated Config.

@@ -31,6 +31,7 @@ func TestDefaultIsValid(t *testing.T) {
 		MaxDiskSize: "256Gi", DiskDriver: "virtio-blk", KernelCmdline: "console=ttyS0 no_timer_check",
 		Sandbox: true, BootTimeout: "60s",
 		CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin", "/usr/lib/cni"},
+		Jail: true, JailIDs: "1879048192-1879113727",
 	}
 	if !reflect.DeepEqual(d, want) {
 		t.Fatalf("Default() = %+v, want %+v", d, want)
@@ -75,6 +76,7 @@ cni_bin_dirs = ["/srv/cni/bin"]
 					MaxDiskSize: "20Gi", DiskDriver: "nvme", KernelCmdline: "console=ttyS0 quiet",
 					Sandbox: false, BootTimeout: "2m",
 					CNINetwork: "vm-net_1.0", CNIConfDir: "/srv/cni/conf", CNIBinDirs: []string{"/srv/cni/bin"},
+					Jail: true, JailIDs: DefaultJailIDs,
 				}
 			},
 		},
@@ -121,13 +123,14 @@ cni_bin_dirs = ["/srv/cni/bin"]
 		{name: "empty cni bin dir", body: `cni_bin_dirs = [""]`, wantErr: `cni_bin_dirs: "" must be an absolute path`},
 		{name: "no cni bin dirs", body: `cni_bin_dirs = []`, wantErr: "cni_bin_dirs: must list at least one directory"},
 		{name: "cni bin dirs not a list", body: `cni_bin_dirs = "/opt/cni/bin"`, wantErr: "cni_bin_dirs"},
-		{name: "qemu user", body: `qemu_user = "root"`, want: func(c *Config) { c.QEMUUser = "root" }},
 		{name: "qemu user empty", body: `qemu_user = ""`, want: func(*Config) {}},
-		{name: "qemu user unknown", body: `qemu_user = "vmshim-no-such-user"`, wantErr: `qemu_user: user "vmshim-no-such-user" does not exist`},
-		{name: "qemu user option", body: `qemu_user = "root,-device x"`, wantErr: `qemu_user: user name "root,-device x" has ','`},
-		{name: "qemu user flag", body: `qemu_user = "-S"`, wantErr: `qemu_user: user name "-S" starts with '-'`},
-		{name: "qemu user ids", body: `qemu_user = "0:0"`, wantErr: `qemu_user: user name "0:0" has ':'`},
-		{name: "qemu user number", body: `qemu_user = "0"`, wantErr: `qemu_user: user name "0" is a number`},
+		{name: "qemu user", body: `qemu_user = "root"`, wantErr: `qemu_user: no longer supported: each VM's QEMU runs as an id of its own from jail_ids`},
+		{name: "jail off", body: `jail = false`, want: func(c *Config) { c.Jail = false }},
+		{name: "jail ids", body: `jail_ids = "100000-165535"`, want: func(c *Config) { c.JailIDs = "100000-165535" }},
+		{name: "jail ids with root", body: `jail_ids = "0-100"`, wantErr: `jail_ids: "0-100": want 0 < FIRST <= LAST`},
+		{name: "jail ids with nobody", body: `jail_ids = "60000-70000"`, wantErr: `jail_ids: "60000-70000" holds 65534`},
+		{name: "jail ids not a range", body: `jail_ids = "1000"`, wantErr: `jail_ids: "1000" is not a range`},
+		{name: "privileged devices", body: `privileged_devices = true`, want: func(c *Config) { c.PrivilegedDevices = true }},
 		{name: "qemu user wrong type", body: `qemu_user = 0`, wantErr: "qemu_user"},
 		{name: "several problems", body: "accel = \"x\"\ndisk_driver = \"y\"", wantErr: `accel: "x" is not one of auto, kvm, tcg; disk_driver: "y"`},
 	}

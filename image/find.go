@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
+	"golang.org/x/sys/unix"
 )
 
 // Disk formats Find pins; QEMU is always told the format, never left to probe it.
@@ -19,13 +20,30 @@ const (
 	FormatRaw   = "raw"
 )
 
-// Boot says how the VM in a rootfs boots. Paths are absolute host paths inside rootfs.
+// Boot says how the VM in a rootfs boots. Paths are absolute host paths
+// inside rootfs, kept to name the files; the files themselves are open,
+// and only the open files are used: a path is never resolved again.
 type Boot struct {
 	Disk   string // disk image, or "" for kernel boot
 	Format string // "qcow2" | "raw" (pinned, from the file's header — never probed by QEMU)
 	Kernel string // kernel for direct boot (when Disk == "")
 	Initrd string // optional
 	Root   string // the rootfs the paths were found in; used to name files in errors
+
+	// DiskFile, KernelFile and InitrdFile are the files above, open
+	// read-only; nil where the path is "".
+	DiskFile, KernelFile, InitrdFile *os.File
+}
+
+// Close closes the boot files.
+func (b *Boot) Close() error {
+	var errs []error
+	for _, f := range []*os.File{b.DiskFile, b.KernelFile, b.InitrdFile} {
+		if f != nil {
+			errs = append(errs, f.Close())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // noDisk is the message of the error Find returns when the rootfs holds no VM.
@@ -33,7 +51,8 @@ const noDisk = "no VM disk in image: expected a disk file under /disk/ or at /, 
 
 // Find looks for the VM in rootfs: one disk file under /disk/, else one at /
 // (*.qcow2, *.img, *.raw), else a kernel (and optional initrd) under /boot/.
-// Symlinks are resolved inside rootfs and the final file must be a regular file.
+// Symlinks are resolved inside rootfs, the final file must be a regular
+// file, and it is opened (see Boot); the caller closes the Boot.
 func Find(rootfs string) (*Boot, error) {
 	if !filepath.IsAbs(rootfs) {
 		return nil, invalidf("rootfs %q: not an absolute path", rootfs)
@@ -68,17 +87,18 @@ func Find(rootfs string) (*Boot, error) {
 	return findKernel(root)
 }
 
-// findDisk resolves the disk at rel and pins its format from the header.
+// findDisk opens the disk at rel and pins its format from the header.
 func findDisk(root, rel string) (*Boot, error) {
-	p, err := resolveFile(root, "disk", rel)
+	p, f, err := resolveFile(root, "disk", rel)
 	if err != nil {
 		return nil, err
 	}
-	format, err := detectFile(p)
+	format, err := detectFile(f)
 	if err != nil {
+		f.Close()
 		return nil, fmt.Errorf("disk %s: %w", rel, err)
 	}
-	return &Boot{Disk: p, Format: format, Root: root}, nil
+	return &Boot{Disk: p, Format: format, Root: root, DiskFile: f}, nil
 }
 
 // findKernel looks under /boot/, preferring an uncompressed vmlinux.
@@ -102,22 +122,25 @@ func findKernel(root string) (*Boot, error) {
 	}
 	b := &Boot{Root: root}
 	var err error
-	if b.Kernel, err = resolveNonEmpty(root, "kernel", kernel); err != nil {
+	if b.Kernel, b.KernelFile, err = resolveNonEmpty(root, "kernel", kernel); err != nil {
 		return nil, err
 	}
 	initrds, err := candidates(root, "/boot", func(name string) bool {
 		return strings.HasPrefix(name, "initrd") || strings.HasPrefix(name, "initramfs")
 	})
 	if err != nil {
+		b.Close()
 		return nil, err
 	}
 	switch len(initrds) {
 	case 0:
 	case 1:
-		if b.Initrd, err = resolveNonEmpty(root, "initrd", initrds[0]); err != nil {
+		if b.Initrd, b.InitrdFile, err = resolveNonEmpty(root, "initrd", initrds[0]); err != nil {
+			b.Close()
 			return nil, err
 		}
 	default:
+		b.Close()
 		return nil, invalidf("more than one initrd in image: %s", strings.Join(initrds, ", "))
 	}
 	return b, nil
@@ -156,35 +179,58 @@ func candidates(root, dir string, match func(string) bool) ([]string, error) {
 	return out, nil
 }
 
-// resolveFile resolves rel inside root and requires a regular file.
-func resolveFile(root, what, rel string) (string, error) {
+// resolveFile opens rel, resolved inside root, and requires a regular
+// file. It returns the file's host path, for names, and the file, open
+// read-only. The path is resolved once, by openat2 with the rootfs as the
+// root of the resolution, and the file is opened by its descriptor after
+// its type was checked, so no special file is ever opened and no symlink
+// leads out of the image.
+func resolveFile(root, what, rel string) (string, *os.File, error) {
 	p, err := securejoin.SecureJoin(root, rel)
 	if err != nil {
-		return "", invalidf("%s %s: %v", what, rel, pathErr(err))
+		return "", nil, invalidf("%s %s: %v", what, rel, pathErr(err))
 	}
-	fi, err := os.Lstat(p)
-	if errors.Is(err, fs.ErrNotExist) {
-		return "", notFoundf("%s %s: points to %s, which is not in the image", what, rel, relTo(root, p))
+	dir, err := openRoot(root)
+	if err != nil {
+		return "", nil, fmt.Errorf("%s %s: %w", what, rel, err)
+	}
+	defer dir.Close()
+	fd, err := unix.Openat2(int(dir.Fd()), strings.TrimPrefix(rel, "/"), &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	})
+	if errors.Is(err, unix.ENOENT) {
+		return "", nil, notFoundf("%s %s: points to %s, which is not in the image", what, rel, relTo(root, p))
 	}
 	if err != nil {
-		return "", fmt.Errorf("%s %s: %w", what, rel, err)
+		return "", nil, fmt.Errorf("%s %s: %w", what, rel, err)
 	}
-	if !fi.Mode().IsRegular() {
-		return "", invalidf("%s %s: not a regular file (%s)", what, rel, fileKind(fi.Mode()))
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return "", nil, fmt.Errorf("%s %s: %w", what, rel, err)
 	}
-	return p, nil
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return "", nil, invalidf("%s %s: not a regular file (%s)", what, rel, fileKind(modeOf(st.Mode)))
+	}
+	f, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDONLY|unix.O_NOCTTY, 0)
+	if err != nil {
+		return "", nil, fmt.Errorf("%s %s: %w", what, rel, pathErr(err))
+	}
+	return p, f, nil
 }
 
 // resolveNonEmpty is resolveFile for a file that must not be empty.
-func resolveNonEmpty(root, what, rel string) (string, error) {
-	p, err := resolveFile(root, what, rel)
+func resolveNonEmpty(root, what, rel string) (string, *os.File, error) {
+	p, f, err := resolveFile(root, what, rel)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	if fi, err := os.Stat(p); err != nil || fi.Size() == 0 {
-		return "", invalidf("%s %s: empty file", what, rel)
+	if fi, err := f.Stat(); err != nil || fi.Size() == 0 {
+		f.Close()
+		return "", nil, invalidf("%s %s: empty file", what, rel)
 	}
-	return p, nil
+	return p, f, nil
 }
 
 // pathErr drops the host path from a *fs.PathError; the caller names the file.

@@ -1,13 +1,18 @@
 package image
 
 import (
+	"errors"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 const qcow2Header = "QFI\xfb\x00\x00\x00\x03"
@@ -73,6 +78,7 @@ func TestFind(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Find() error = %v", err)
 			}
+			defer got.Close()
 			want := tc.want
 			want.Root = root
 			for _, p := range []*string{&want.Disk, &want.Kernel, &want.Initrd} {
@@ -80,11 +86,59 @@ func TestFind(t *testing.T) {
 					*p = filepath.Join(root, *p)
 				}
 			}
-			if *got != want {
-				t.Fatalf("Find() = %+v, want %+v", *got, want)
+			names := *got
+			names.DiskFile, names.KernelFile, names.InitrdFile = nil, nil, nil
+			if names != want {
+				t.Fatalf("Find() = %+v, want %+v", names, want)
 			}
+			checkBootFiles(t, got)
 		})
 	}
+}
+
+// checkBootFiles checks each of b's paths has its file open read-only, and
+// that the file is the one at the path; a path of "" has no file.
+func checkBootFiles(t *testing.T, b *Boot) {
+	t.Helper()
+	for _, bf := range []struct {
+		what string
+		path string
+		f    *os.File
+	}{{"disk", b.Disk, b.DiskFile}, {"kernel", b.Kernel, b.KernelFile}, {"initrd", b.Initrd, b.InitrdFile}} {
+		if bf.path == "" {
+			if bf.f != nil {
+				t.Errorf("%s: no path but file %s open", bf.what, bf.f.Name())
+			}
+			continue
+		}
+		if bf.f == nil {
+			t.Errorf("%s %s: not open", bf.what, bf.path)
+			continue
+		}
+		open, err := bf.f.Stat()
+		if err != nil {
+			t.Fatalf("%s: stat open file: %v", bf.what, err)
+		}
+		named, err := os.Stat(bf.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !os.SameFile(open, named) {
+			t.Errorf("%s: open file is not %s", bf.what, bf.path)
+		}
+		if mode := accessMode(t, bf.f); mode != unix.O_RDONLY {
+			t.Errorf("%s: open with access mode %#o, want read-only", bf.what, mode)
+		}
+	}
+}
+
+func accessMode(t *testing.T, f *os.File) int {
+	t.Helper()
+	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fl & unix.O_ACCMODE
 }
 
 func TestFindErrors(t *testing.T) {
@@ -115,14 +169,24 @@ func TestFindErrors(t *testing.T) {
 		{"dotdot symlink is resolved in the rootfs", map[string]string{"/disk/x": "->../../../../../../" + outside + "/outside.img"}, "disk /disk/x: points to " + outside + "/outside.img, which is not in the image", errdefs.IsNotFound},
 		{"symlink at root escaping", map[string]string{"/vm.img": "->" + outside + "/outside.img"}, "disk /vm.img: points to " + outside + "/outside.img, which is not in the image", errdefs.IsNotFound},
 		{"/disk symlinked to host /etc", map[string]string{"/disk": "->/etc"}, "no VM disk in image", errdefs.IsNotFound},
+		{"/disk symlinked to a host dir holding a disk", map[string]string{"/disk": "->" + outside}, "no VM disk in image", errdefs.IsNotFound},
+		{"/disk dotdot-symlinked to a host dir holding a disk", map[string]string{"/disk": "->../../../../../../../.." + outside}, "no VM disk in image", errdefs.IsNotFound},
 		{"symlink to a directory", map[string]string{"/disk/x": "->/", "/etc/": ""}, "disk /disk/x: not a regular file (directory)", errdefs.IsInvalidArgument},
 		{"symlink loop", map[string]string{"/disk/x": "->/y", "/y": "->/disk/x"}, "disk /disk/x: too many levels of symbolic links", errdefs.IsInvalidArgument},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Find(layout(t, tc.files))
+			root := layout(t, tc.files)
+			got, err := Find(root)
 			if err == nil {
+				got.Close()
 				t.Fatalf("Find() = %+v, want error %q", *got, tc.wantErr)
+			}
+			if got != nil {
+				t.Errorf("Find() returned %+v with its error", *got)
+			}
+			if open := openFiles(t, root); len(open) != 0 {
+				t.Errorf("Find() left files of the image open: %q", open)
 			}
 			t.Logf("error: %v", err)
 			if !strings.HasPrefix(err.Error(), tc.wantErr) {
@@ -145,10 +209,13 @@ func TestFindSymlinkStaysInRootfs(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Find() error = %v", err)
 			}
+			defer b.Close()
 			if want := filepath.Join(root, "etc/passwd"); b.Disk != want || b.Format != FormatRaw {
 				t.Fatalf("Find() = %+v, want raw disk %s", *b, want)
 			}
-			data, err := os.ReadFile(b.Disk)
+			// The open file, which is all QEMU and qemu-img are given, is
+			// the image's.
+			data, err := io.ReadAll(b.DiskFile)
 			if err != nil || string(data) != "inside the image" {
 				t.Fatalf("disk content = %q, %v", data, err)
 			}
@@ -156,31 +223,190 @@ func TestFindSymlinkStaysInRootfs(t *testing.T) {
 	}
 }
 
+// TestFindSpecialFiles checks a special file as the disk is refused by
+// its kind, and never opened: opening a fifo with no writer would block.
 func TestFindSpecialFiles(t *testing.T) {
-	t.Run("fifo", func(t *testing.T) {
-		root := layout(t, map[string]string{"/disk/": ""})
-		if err := syscall.Mkfifo(filepath.Join(root, "disk/vm.img"), 0o644); err != nil {
-			t.Fatal(err)
+	tests := []struct {
+		name string
+		root bool // making it needs root
+		make func(t *testing.T, p string)
+		kind string
+	}{
+		{name: "fifo", kind: "fifo", make: func(t *testing.T, p string) {
+			if err := syscall.Mkfifo(p, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "socket", kind: "socket", make: func(t *testing.T, p string) {
+			l, err := net.Listen("unix", p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+		}},
+		{name: "character device", kind: "character device", root: true, make: func(t *testing.T, p string) {
+			// 1:3 is /dev/null.
+			if err := syscall.Mknod(p, syscall.S_IFCHR|0o644, int(unix.Mkdev(1, 3))); err != nil {
+				t.Skipf("mknod not permitted here: %v", err)
+			}
+		}},
+		{name: "block device", kind: "block device", root: true, make: func(t *testing.T, p string) {
+			// 7:0 is /dev/loop0.
+			if err := syscall.Mknod(p, syscall.S_IFBLK|0o644, int(unix.Mkdev(7, 0))); err != nil {
+				t.Skipf("mknod not permitted here: %v", err)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		for _, place := range []string{"/disk/vm.img", "/vm.img", "/boot/vmlinuz"} {
+			t.Run(tc.name+" at "+place, func(t *testing.T) {
+				if tc.root && os.Geteuid() != 0 {
+					t.Skip("creating a device node needs root")
+				}
+				root := layout(t, map[string]string{filepath.Dir(place) + "/": ""})
+				p := filepath.Join(root, place)
+				tc.make(t, p)
+				what := "disk"
+				if strings.HasPrefix(place, "/boot/") {
+					what = "kernel"
+				}
+				b, err := findWithin(t, root, p)
+				if err == nil {
+					b.Close()
+				}
+				want := what + " " + place + ": not a regular file (" + tc.kind + ")"
+				if err == nil || err.Error() != want || !errdefs.IsInvalidArgument(err) {
+					t.Fatalf("Find() error = %v, want invalid argument %q", err, want)
+				}
+			})
 		}
-		_, err := Find(root)
-		if err == nil || err.Error() != "disk /disk/vm.img: not a regular file (fifo)" {
-			t.Fatalf("Find() error = %v", err)
+	}
+}
+
+// findWithin runs Find, failing the test if it blocks. Should it block on
+// the fifo at fifo, a writer opened there releases it.
+func findWithin(t *testing.T, root, fifo string) (*Boot, error) {
+	t.Helper()
+	type found struct {
+		b   *Boot
+		err error
+	}
+	done := make(chan found, 1)
+	go func() {
+		b, err := Find(root)
+		done <- found{b, err}
+	}()
+	select {
+	case r := <-done:
+		return r.b, r.err
+	case <-time.After(10 * time.Second):
+		if f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			f.Close()
 		}
-	})
-	t.Run("device", func(t *testing.T) {
-		if os.Geteuid() != 0 {
-			t.Skip("creating a device node needs root")
+		t.Fatal("Find() blocked: it opened a special file")
+	}
+	panic("unreachable")
+}
+
+// TestFindIgnoresHostDirs checks a /disk symlinked out of the rootfs is
+// resolved inside it: the host directory's disk is never found.
+func TestFindIgnoresHostDirs(t *testing.T) {
+	outside := t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, "host.qcow2"), []byte(qcow2Header), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, target := range []string{outside, "../../../../../../../.." + outside, outside + "/"} {
+		t.Run(target, func(t *testing.T) {
+			root := layout(t, map[string]string{"/disk": "->" + target, "/vm.img": "image's own"})
+			b, err := Find(root)
+			if err != nil {
+				t.Fatalf("Find() error = %v", err)
+			}
+			defer b.Close()
+			if want := filepath.Join(root, "vm.img"); b.Disk != want {
+				t.Fatalf("Find() disk = %s, want %s", b.Disk, want)
+			}
+			if data, err := io.ReadAll(b.DiskFile); err != nil || string(data) != "image's own" {
+				t.Fatalf("disk content = %q, %v", data, err)
+			}
+		})
+	}
+}
+
+// TestFindOpensFiles checks the Boot's files are the image's, open
+// read-only, stay the files found when the paths change, and are closed
+// by Close.
+func TestFindOpensFiles(t *testing.T) {
+	tests := []struct {
+		name  string
+		files map[string]string
+		want  map[string]string // "disk", "kernel", "initrd": content
+	}{
+		{"disk", map[string]string{"/disk/vm.qcow2": qcow2Header + "disk bytes"}, map[string]string{"disk": qcow2Header + "disk bytes"}},
+		{"kernel and initrd", map[string]string{"/boot/vmlinuz": "kernel bytes", "/boot/initrd.img": "initrd bytes"}, map[string]string{"kernel": "kernel bytes", "initrd": "initrd bytes"}},
+		{"kernel alone", map[string]string{"/boot/vmlinux": "kernel bytes"}, map[string]string{"kernel": "kernel bytes"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root := layout(t, tc.files)
+			b, err := Find(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkBootFiles(t, b)
+			files := map[string]*os.File{"disk": b.DiskFile, "kernel": b.KernelFile, "initrd": b.InitrdFile}
+			paths := map[string]string{"disk": b.Disk, "kernel": b.Kernel, "initrd": b.Initrd}
+			// The image's paths now lead elsewhere: the open files do not.
+			for what := range tc.want {
+				if err := os.Rename(paths[what], paths[what]+".old"); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(paths[what], []byte("swapped"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for what, f := range files {
+				want, ok := tc.want[what]
+				if !ok {
+					continue
+				}
+				data, err := io.ReadAll(f)
+				if err != nil || string(data) != want {
+					t.Errorf("%s reads %q, %v; want %q", what, data, err, want)
+				}
+				if _, err := f.Write([]byte("x")); err == nil {
+					t.Errorf("%s: write through the open file succeeded", what)
+				}
+			}
+			if err := b.Close(); err != nil {
+				t.Fatalf("Close() error = %v", err)
+			}
+			for what := range tc.want {
+				if _, err := files[what].Read(make([]byte, 1)); !errors.Is(err, os.ErrClosed) {
+					t.Errorf("%s after Close: read error %v, want closed", what, err)
+				}
+			}
+			if open := openFiles(t, root); len(open) != 0 {
+				t.Errorf("files of the image still open after Close: %q", open)
+			}
+		})
+	}
+}
+
+// openFiles lists the files under root this process has open.
+func openFiles(t *testing.T, root string) []string {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		if p, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(p, root+"/") {
+			out = append(out, p)
 		}
-		root := layout(t, map[string]string{"/disk/": ""})
-		// 1:3 is /dev/null.
-		if err := syscall.Mknod(filepath.Join(root, "disk/vm.img"), syscall.S_IFCHR|0o644, 1<<8|3); err != nil {
-			t.Skipf("mknod not permitted here: %v", err)
-		}
-		_, err := Find(root)
-		if err == nil || err.Error() != "disk /disk/vm.img: not a regular file (character device)" {
-			t.Fatalf("Find() error = %v", err)
-		}
-	})
+	}
+	return out
 }
 
 func TestFindBadRootfs(t *testing.T) {

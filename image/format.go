@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-
-	"golang.org/x/sys/unix"
 )
 
 // headerSize is how much of a disk file format detection reads.
@@ -59,25 +57,11 @@ func detectFormat(header []byte) (string, error) {
 	return FormatRaw, nil
 }
 
-// detectFile reads the header of the regular file at p without following a
-// final symlink or blocking on a special file, and detects its format.
-func detectFile(p string) (string, error) {
-	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return "", fmt.Errorf("open: %w", err)
-	}
-	f := os.NewFile(uintptr(fd), p)
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return "", fmt.Errorf("stat: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return "", invalidf("not a regular file (%s)", fileKind(fi.Mode()))
-	}
+// detectFile reads the header of f, a regular file, and detects its format.
+func detectFile(f *os.File) (string, error) {
 	header := make([]byte, headerSize)
-	n, err := io.ReadFull(f, header)
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+	n, err := f.ReadAt(header, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
 		return "", fmt.Errorf("read header: %w", err)
 	}
 	return detectFormat(header[:n])

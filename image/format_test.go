@@ -92,7 +92,12 @@ func TestDetectFormatRealImages(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			got, err := detectFile(p)
+			f, err := os.Open(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			got, err := detectFile(f)
 			if tc.want != "" {
 				if err != nil || got != tc.want {
 					t.Fatalf("detectFile() = %q, %v; want %q", got, err, tc.want)

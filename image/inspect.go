@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 
 	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
 )
 
 // Info describes a disk image that Inspect accepted.
@@ -61,15 +63,20 @@ type imgCheck struct {
 // size exceeds lim. Both commands open the image read-only; neither is given
 // -U, because a read-only open only takes shared locks, which other VMs
 // using the same base read-only do not block.
-func Inspect(ctx context.Context, qemuImg string, b *Boot, lim Limits) (*Info, error) {
-	if b == nil || b.Disk == "" {
+func Inspect(ctx context.Context, q QEMUImg, b *Boot, lim Limits) (*Info, error) {
+	if b == nil || b.Disk == "" || b.DiskFile == nil {
 		return nil, invalidf("inspect: no disk (kernel boot has nothing to inspect)")
 	}
 	name := b.InImage(b.Disk)
 	if b.Format != FormatQCOW2 && b.Format != FormatRaw {
 		return nil, invalidf("disk %s: format %q is not qcow2 or raw", name, b.Format)
 	}
-	res, err := runQEMUImg(ctx, qemuImg, "info", "--output=json", "-f", b.Format, b.Disk)
+	disk := []imgFile{{name: "disk", label: name, f: b.DiskFile}}
+	groups, err := readGroups(q, b.DiskFile, name)
+	if err != nil {
+		return nil, err
+	}
+	res, err := q.run(ctx, disk, groups, "info", "--output=json", "-f", b.Format, "@disk")
 	if err != nil {
 		return nil, fmt.Errorf("disk %s: %w", name, err)
 	}
@@ -84,7 +91,7 @@ func Inspect(ctx context.Context, qemuImg string, b *Boot, lim Limits) (*Info, e
 		return nil, err
 	}
 	if b.Format == FormatQCOW2 {
-		if err := check(ctx, qemuImg, b, name); err != nil {
+		if err := check(ctx, q, disk, groups, b, name); err != nil {
 			return nil, err
 		}
 	}
@@ -115,8 +122,8 @@ func refuse(name, format string, ii *imgInfo, lim Limits) error {
 
 // check runs qemu-img check on a qcow2 disk; leaked clusters are harmless
 // (space is wasted, never misread) and are only logged.
-func check(ctx context.Context, qemuImg string, b *Boot, name string) error {
-	res, err := runQEMUImg(ctx, qemuImg, "check", "-f", FormatQCOW2, "--output=json", b.Disk)
+func check(ctx context.Context, q QEMUImg, disk []imgFile, groups []uint32, b *Boot, name string) error {
+	res, err := q.run(ctx, disk, groups, "check", "-f", FormatQCOW2, "--output=json", "@disk")
 	if err != nil {
 		return fmt.Errorf("disk %s: %w", name, err)
 	}
@@ -135,6 +142,28 @@ func check(ctx context.Context, qemuImg string, b *Boot, name string) error {
 		return preconditionf("disk %s: qemu-img check: unexpected output", name)
 	}
 	return nil
+}
+
+// readGroups returns the supplementary group a jailed qemu-img needs to
+// read f: none when others may read it, f's group when only its group
+// may (KubeVirt's containerDisks are 0440, owned by 107:107); an error when
+// only its owner, or only root's group, may read it.
+func readGroups(q QEMUImg, f *os.File, name string) ([]uint32, error) {
+	if q.Jail == nil {
+		return nil, nil
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, fmt.Errorf("disk %s: %w", name, err)
+	}
+	switch {
+	case st.Mode&0o004 != 0:
+		return nil, nil
+	case st.Mode&0o040 != 0 && st.Gid != 0:
+		return []uint32{st.Gid}, nil
+	}
+	return nil, invalidf("disk %s: mode %04o, owner %d:%d: vmshim checks images as an unprivileged user, which cannot read it; make the file readable by others, or by a group other than root's",
+		name, st.Mode&0o7777, st.Uid, st.Gid)
 }
 
 func deref(s *string) string {

@@ -58,7 +58,12 @@ func diskRoot(t *testing.T, name string) (root, disk string) {
 }
 
 func TestInspectAccepts(t *testing.T) {
-	qemuImg := needQEMUImg(t)
+	for _, m := range qemuImgModes(t) {
+		t.Run(m.name, func(t *testing.T) { testInspectAccepts(t, m.q(t)) })
+	}
+}
+
+func testInspectAccepts(t *testing.T, qemuImg QEMUImg) {
 	ctx := context.Background()
 
 	t.Run("qcow2", func(t *testing.T) {
@@ -69,6 +74,7 @@ func TestInspectAccepts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer b.Close()
 		info, err := Inspect(ctx, qemuImg, b, Limits{MaxVirtualSize: 1 << 20})
 		if err != nil {
 			t.Fatalf("Inspect() error = %v", err)
@@ -89,6 +95,7 @@ func TestInspectAccepts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer b.Close()
 		info, err := Inspect(ctx, qemuImg, b, Limits{})
 		if err != nil {
 			t.Fatalf("Inspect() error = %v", err)
@@ -100,7 +107,12 @@ func TestInspectAccepts(t *testing.T) {
 }
 
 func TestInspectRefuses(t *testing.T) {
-	qemuImg := needQEMUImg(t)
+	for _, m := range qemuImgModes(t) {
+		t.Run(m.name, func(t *testing.T) { testInspectRefuses(t, m.q(t)) })
+	}
+}
+
+func testInspectRefuses(t *testing.T, qemuImg QEMUImg) {
 	tests := []struct {
 		name    string
 		make    func(t *testing.T, disk string) // writes the disk file
@@ -200,14 +212,18 @@ func TestInspectRefuses(t *testing.T) {
 			root, disk := diskRoot(t, "vm.qcow2")
 			tc.make(t, disk)
 			before := sha(t, disk)
-			b := &Boot{Disk: disk, Format: tc.format, Root: root}
+			f, err := os.Open(disk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := &Boot{Disk: disk, Format: tc.format, Root: root, DiskFile: f}
 			if tc.format == "" {
-				found, err := Find(root)
-				if err != nil {
+				f.Close()
+				if b, err = Find(root); err != nil {
 					t.Fatal(err)
 				}
-				b = found
 			}
+			defer b.Close()
 			info, err := Inspect(context.Background(), qemuImg, b, tc.limits)
 			if err == nil {
 				t.Fatalf("Inspect() = %+v, want error %q", *info, tc.wantErr)
@@ -231,17 +247,28 @@ func TestInspectRefuses(t *testing.T) {
 }
 
 func TestInspectBadCalls(t *testing.T) {
-	qemuImg := needQEMUImg(t)
+	qemuImg := hostQEMUImg(t)
 	root, disk := diskRoot(t, "vm.qcow2")
 	qemuImgRun(t, "create", "-q", "-f", "qcow2", disk, "1M")
-	b := &Boot{Disk: disk, Format: "qcow2", Root: root}
+	b, err := Find(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
 
 	if _, err := Inspect(context.Background(), qemuImg, &Boot{Kernel: "/boot/vmlinux"}, Limits{}); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("Inspect(kernel boot) error = %v, want invalid argument", err)
 	}
-	_, err := Inspect(context.Background(), filepath.Join(t.TempDir(), "no-qemu-img"), b, Limits{})
+	// A Boot whose disk is named but not open has nothing to inspect:
+	// Inspect never opens a path.
+	if _, err := Inspect(context.Background(), qemuImg, &Boot{Disk: disk, Format: "qcow2", Root: root}, Limits{}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("Inspect(disk not open) error = %v, want invalid argument", err)
+	}
+	noPrlimit := qemuImg
+	noPrlimit.Prlimit = filepath.Join(t.TempDir(), "no-prlimit")
+	_, err = Inspect(context.Background(), noPrlimit, b, Limits{})
 	if !errdefs.IsFailedPrecondition(err) || !strings.HasPrefix(err.Error(), "disk /disk/vm.qcow2: run ") {
-		t.Errorf("Inspect(missing qemu-img) error = %v, want failed precondition", err)
+		t.Errorf("Inspect(missing prlimit) error = %v, want failed precondition", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

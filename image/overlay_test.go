@@ -3,12 +3,12 @@ package image
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -34,13 +34,38 @@ func readOverlay(t *testing.T, p string) overlayInfo {
 	return oi
 }
 
+// newOverlay makes the overlay file as the shim does: in the VM's files
+// directory of a rootfs named dir.
+func newOverlay(t *testing.T, dir string) (root string, f *os.File) {
+	t.Helper()
+	root = filepath.Join(t.TempDir(), dir)
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d, err := MakeFilesDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if f, err = d.Create(OverlayName); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return root, f
+}
+
 func TestCreateOverlay(t *testing.T) {
-	qemuImg := needQEMUImg(t)
+	for _, m := range qemuImgModes(t) {
+		t.Run(m.name, func(t *testing.T) { testCreateOverlay(t, m.q(t)) })
+	}
+}
+
+func testCreateOverlay(t *testing.T, qemuImg QEMUImg) {
 	const baseSize = 2 << 20
 	tests := []struct {
 		name       string
 		baseFormat string
-		dir        string // directory name, to exercise awkward paths
+		dir        string // rootfs directory name, to exercise awkward paths
 		size       int64
 		wantSize   int64
 	}{
@@ -52,102 +77,105 @@ func TestCreateOverlay(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := filepath.Join(t.TempDir(), tc.dir)
-			if err := os.Mkdir(dir, 0o755); err != nil {
+			root, f := newOverlay(t, tc.dir)
+			// No file is named as the backing: qemu-img must not open it.
+			if err := CreateOverlay(context.Background(), qemuImg, f, tc.baseFormat, baseSize, tc.size); err != nil {
+				t.Fatalf("CreateOverlay() error = %v", err)
+			}
+			overlay := f.Name()
+			oi := readOverlay(t, overlay)
+			want := overlayInfo{VirtualSize: tc.wantSize, Format: "qcow2", Backing: overlayBacking, BackingFormat: tc.baseFormat}
+			if oi != want {
+				t.Fatalf("overlay = %+v, want %+v", oi, want)
+			}
+			fi, err := os.Stat(overlay)
+			if err != nil {
 				t.Fatal(err)
 			}
-			base := filepath.Join(dir, "base."+tc.baseFormat)
+			uid := uint32(os.Geteuid())
+			if qemuImg.Jail != nil {
+				uid = qemuImg.Jail.UID // the jailed QEMU writes it too
+			}
+			if st := fi.Sys().(*syscall.Stat_t); st.Uid != uid || fi.Mode().Perm() != 0o600 {
+				t.Errorf("overlay owner %d, mode %v; want %d, 0600", st.Uid, fi.Mode().Perm(), uid)
+			}
+			if entries, _ := os.ReadDir(root); len(entries) != 1 {
+				t.Errorf("rootfs holds %v, want only %s", entries, FilesDirName)
+			}
+			// The overlay reads as the base it is given as backing.
+			base := filepath.Join(filepath.Dir(overlay), overlayBacking)
 			if tc.baseFormat == "qcow2" {
 				dataQCOW2(t, base, baseSize)
 			} else {
 				qemuImgRun(t, "create", "-q", "-f", "raw", base, "2M")
 			}
 			before := sha(t, base)
-			overlay := filepath.Join(dir, "overlay.qcow2")
-			if err := CreateOverlay(context.Background(), qemuImg, base, tc.baseFormat, baseSize, overlay, tc.size); err != nil {
-				t.Fatalf("CreateOverlay() error = %v", err)
-			}
-			oi := readOverlay(t, overlay)
-			want := overlayInfo{VirtualSize: tc.wantSize, Format: "qcow2", Backing: base, BackingFormat: tc.baseFormat}
-			if oi != want {
-				t.Fatalf("overlay = %+v, want %+v", oi, want)
-			}
-			if sha(t, base) != before {
-				t.Fatal("CreateOverlay() changed the base image")
-			}
 			if tc.size == 0 {
 				qemuImgRun(t, "compare", "-f", "qcow2", "-F", tc.baseFormat, overlay, base)
+			}
+			if sha(t, base) != before {
+				t.Fatal("reading the overlay changed its base")
 			}
 		})
 	}
 }
 
 func TestCreateOverlayRefuses(t *testing.T) {
-	qemuImg := needQEMUImg(t)
-	dir := t.TempDir()
-	base := filepath.Join(dir, "base.qcow2")
-	qemuImgRun(t, "create", "-q", "-f", "qcow2", base, "4M")
-	ov := filepath.Join(dir, "overlay.qcow2")
+	qemuImg := hostQEMUImg(t)
 	tests := []struct {
 		name       string
-		qemuImg    string
-		base       string
+		qemuImg    QEMUImg
+		dir        bool // the overlay is a directory, which qemu-img cannot write
 		baseFormat string
 		baseSize   int64
-		overlay    string
 		size       int64
-		wantErr    string // prefix
+		wantErr    string // prefix, after "overlay OVERLAY: "
 		is         func(error) bool
 	}{
-		{"shrink", qemuImg, base, "qcow2", 4 << 20, ov, 2 << 20,
-			"overlay " + ov + ": size 2Mi (2097152 bytes) is smaller than the image's virtual size 4Mi (4194304 bytes); disks can only grow", errdefs.IsInvalidArgument},
-		{"negative size", qemuImg, base, "qcow2", 4 << 20, ov, -1, "overlay " + ov + ": size -1 is negative", errdefs.IsInvalidArgument},
-		{"unknown base size", qemuImg, base, "qcow2", 0, ov, 0, "overlay base " + base + ": virtual size 0 is not positive", errdefs.IsInvalidArgument},
-		{"bad format", qemuImg, base, "vmdk", 4 << 20, ov, 0, `overlay base ` + base + `: format "vmdk" is not qcow2 or raw`, errdefs.IsInvalidArgument},
-		{"relative base", qemuImg, "base.qcow2", "qcow2", 4 << 20, ov, 0, `overlay base "base.qcow2": not an absolute path`, errdefs.IsInvalidArgument},
-		{"relative overlay", qemuImg, base, "qcow2", 4 << 20, "overlay.qcow2", 0, `overlay "overlay.qcow2": not an absolute path`, errdefs.IsInvalidArgument},
-		{"missing base", qemuImg, base + ".missing", "qcow2", 4 << 20, ov, 0, "overlay base " + base + ".missing: does not exist", errdefs.IsNotFound},
-		{"base is a directory", qemuImg, dir, "raw", 4 << 20, ov, 0, "overlay base " + dir + ": not a regular file (directory)", errdefs.IsInvalidArgument},
-		{"overlay directory missing", qemuImg, base, "qcow2", 4 << 20, filepath.Join(dir, "nope", "o.qcow2"), 0, "overlay " + dir + "/nope/o.qcow2: qemu-img create: ", errdefs.IsFailedPrecondition},
-		{"no qemu-img", filepath.Join(dir, "no-qemu-img"), base, "qcow2", 4 << 20, ov, 0, "overlay " + ov + ": run ", errdefs.IsFailedPrecondition},
+		{"shrink", qemuImg, false, "qcow2", 4 << 20, 2 << 20,
+			"size 2Mi (2097152 bytes) is smaller than the image's virtual size 4Mi (4194304 bytes); disks can only grow", errdefs.IsInvalidArgument},
+		{"negative size", qemuImg, false, "qcow2", 4 << 20, -1, "size -1 is negative", errdefs.IsInvalidArgument},
+		{"unknown base size", qemuImg, false, "qcow2", 0, 0, "base virtual size 0 is not positive", errdefs.IsInvalidArgument},
+		{"bad format", qemuImg, false, "vmdk", 4 << 20, 0, `base format "vmdk" is not qcow2 or raw`, errdefs.IsInvalidArgument},
+		{"overlay not writable", qemuImg, true, "qcow2", 4 << 20, 0, "qemu-img create: ", errdefs.IsFailedPrecondition},
+		// The error names the missing program, whoever found it missing.
+		{"no qemu-img", QEMUImg{Path: "/nonexistent/qemu-img", Prlimit: qemuImg.Prlimit}, false, "qcow2", 4 << 20, 0, "", func(err error) bool {
+			return errdefs.IsFailedPrecondition(err) && strings.Contains(err.Error(), "/nonexistent/qemu-img: No such file or directory")
+		}},
+		{"no prlimit", QEMUImg{Path: qemuImg.Path, Prlimit: "/nonexistent/prlimit"}, false, "qcow2", 4 << 20, 0, "run ", errdefs.IsFailedPrecondition},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			before := sha(t, base)
-			err := CreateOverlay(context.Background(), tc.qemuImg, tc.base, tc.baseFormat, tc.baseSize, tc.overlay, tc.size)
-			if err == nil || !strings.HasPrefix(err.Error(), tc.wantErr) || !tc.is(err) {
-				t.Fatalf("CreateOverlay() error = %v, want %q", err, tc.wantErr)
+			root, f := newOverlay(t, "rootfs")
+			if tc.dir {
+				dir, err := os.Open(root)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer dir.Close()
+				f = dir
 			}
-			if _, err := os.Lstat(tc.overlay); !errors.Is(err, fs.ErrNotExist) {
-				t.Fatalf("overlay left behind after failure: %v", err)
+			before := tree(t, root)
+			err := CreateOverlay(context.Background(), tc.qemuImg, f, tc.baseFormat, tc.baseSize, tc.size)
+			want := "overlay " + f.Name() + ": " + tc.wantErr
+			if err == nil || !strings.HasPrefix(err.Error(), want) || !tc.is(err) {
+				t.Fatalf("CreateOverlay() error = %v, want %q", err, want)
 			}
-			if sha(t, base) != before {
-				t.Fatal("CreateOverlay() changed the base image")
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("CreateOverlay() error spans lines: %q", err)
+			}
+			// Nothing was written, in the overlay or anywhere else in the
+			// rootfs.
+			if after := tree(t, root); !reflect.DeepEqual(after, before) {
+				t.Fatalf("rootfs changed:\n%q\nwant\n%q", after, before)
 			}
 		})
 	}
 }
 
-func TestCreateOverlayExisting(t *testing.T) {
-	qemuImg := needQEMUImg(t)
-	dir := t.TempDir()
-	base := filepath.Join(dir, "base.qcow2")
-	qemuImgRun(t, "create", "-q", "-f", "qcow2", base, "1M")
-	ov := filepath.Join(dir, "overlay.qcow2")
-	if err := os.WriteFile(ov, []byte("keep me"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	err := CreateOverlay(context.Background(), qemuImg, base, "qcow2", 1<<20, ov, 0)
-	if !errdefs.IsAlreadyExists(err) {
-		t.Fatalf("CreateOverlay(existing) error = %v, want already exists", err)
-	}
-	if data, _ := os.ReadFile(ov); string(data) != "keep me" {
-		t.Fatalf("existing file changed: %q", data)
-	}
-}
-
 // TestCreateOverlayCleansUp uses a qemu-img that writes the overlay and then
-// fails, and checks the partial file is removed.
+// fails, and checks the error, and that the partial file goes with the VM's
+// files directory, which is what the shim removes after a failed create.
 func TestCreateOverlayCleansUp(t *testing.T) {
 	dir := t.TempDir()
 	fake := filepath.Join(dir, "qemu-img")
@@ -155,16 +183,29 @@ func TestCreateOverlayCleansUp(t *testing.T) {
 	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	base := filepath.Join(dir, "base.raw")
-	if err := os.WriteFile(base, make([]byte, 4096), 0o644); err != nil {
+	root := layout(t, map[string]string{"/disk/vm.img": "\xeb\x63\x90"})
+	before := tree(t, root)
+	d, err := MakeFilesDir(root)
+	if err != nil {
 		t.Fatal(err)
 	}
-	ov := filepath.Join(dir, "overlay.qcow2")
-	err := CreateOverlay(context.Background(), fake, base, "raw", 4096, ov, 0)
-	if err == nil || err.Error() != "overlay "+ov+": qemu-img create: disk full" {
+	defer d.Close()
+	f, err := d.Create(OverlayName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	err = CreateOverlay(context.Background(), QEMUImg{Path: fake, Prlimit: needProgram(t, "prlimit")}, f, "raw", 4096, 0)
+	if err == nil || err.Error() != "overlay "+f.Name()+": qemu-img create: disk full" {
 		t.Fatalf("CreateOverlay() error = %v", err)
 	}
-	if _, err := os.Lstat(ov); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("partial overlay left behind: %v", err)
+	if data, _ := os.ReadFile(f.Name()); string(data) != "partial\n" {
+		t.Fatalf("fake qemu-img did not write through the overlay's fd: %q", data)
+	}
+	if err := RemoveFilesDir(root); err != nil {
+		t.Fatal(err)
+	}
+	if after := tree(t, root); !reflect.DeepEqual(after, before) {
+		t.Fatalf("partial overlay left behind:\n%q\nwant\n%q", keys(after), keys(before))
 	}
 }

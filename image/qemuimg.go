@@ -5,11 +5,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/containerd/log"
+
+	"github.com/vmshim/vmshim/jail"
+	"github.com/vmshim/vmshim/thread"
 )
 
 const (
@@ -19,6 +24,26 @@ const (
 	maxMessage = 400
 )
 
+// Limits on one qemu-img run, as OpenStack sets them after its fuzzing
+// findings: an image crafted to make qemu-img spin or allocate without
+// end fails the create instead of hurting the node.
+const (
+	// QEMUImgCPUTime is the CPU time a qemu-img run may use.
+	QEMUImgCPUTime = 30 * time.Second
+	// QEMUImgAddressSpace is the address space a qemu-img run may map.
+	QEMUImgAddressSpace = 1 << 30
+)
+
+// QEMUImg runs qemu-img for the shim, under QEMUImgCPUTime and
+// QEMUImgAddressSpace (through util-linux's prlimit, Prlimit), and, with a
+// Jail, inside it: as the VM's unprivileged ids, with no capabilities, in
+// a mount namespace that holds only /usr and the files of the call.
+type QEMUImg struct {
+	Path    string     // qemu-img, an absolute path (under /usr with a Jail)
+	Prlimit string     // prlimit, an absolute path (under /usr with a Jail)
+	Jail    *jail.Jail // nil runs qemu-img as the shim's user, in its mount namespace
+}
+
 // result is the outcome of one qemu-img run that started and exited.
 type result struct {
 	stdout []byte
@@ -26,16 +51,61 @@ type result struct {
 	code   int
 }
 
-// runQEMUImg runs qemu-img with args. A non-zero exit is reported in result.code,
-// not as an error; errors mean qemu-img could not be run or ctx ended.
-func runQEMUImg(ctx context.Context, qemuImg string, args ...string) (result, error) {
+// imgFile is a file a qemu-img run works on, passed to it open.
+type imgFile struct {
+	name  string // its name in the jail, under jail.VMDir, and in args as "@name"
+	label string // what messages call it ("/disk/disk.qcow2")
+	f     *os.File
+	rw    bool
+}
+
+// run runs qemu-img with args, in which each "@NAME" names the file of
+// files with that name. A non-zero exit is reported in result.code, not as
+// an error; errors mean qemu-img could not be run, was killed (by a limit,
+// say) or ctx ended.
+func (q QEMUImg) run(ctx context.Context, files []imgFile, groups []uint32, args ...string) (result, error) {
 	var stdout, stderr capped
-	cmd := exec.CommandContext(ctx, qemuImg, args...)
+	argv := []string{"--cpu=" + strconv.Itoa(int(QEMUImgCPUTime/time.Second)), "--as=" + strconv.Itoa(QEMUImgAddressSpace), "--core=0", "--", q.Path}
+	var binds []jail.Bind
+	var extra []*os.File
+	paths := map[string]string{}
+	for _, f := range files {
+		if q.Jail != nil {
+			target := jail.VMDir + "/" + f.name
+			binds = append(binds, jail.Bind{Target: target, File: f.f, ReadOnly: !f.rw})
+			paths["@"+f.name] = target
+			continue
+		}
+		extra = append(extra, f.f)
+		paths["@"+f.name] = "/dev/fd/" + strconv.Itoa(2+len(extra))
+	}
+	for _, a := range args {
+		if p, ok := paths[a]; ok {
+			a = p
+		}
+		argv = append(argv, a)
+	}
+	cmd := exec.CommandContext(ctx, q.Prlimit, argv...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = 5 * time.Second
+	cmd.ExtraFiles = extra
 	log.G(ctx).WithField("args", args).Debug("running qemu-img")
-	err := cmd.Run()
+	var err error
+	if q.Jail != nil {
+		j := *q.Jail
+		j.Binds = append(append([]jail.Bind(nil), j.Binds...), binds...)
+		j.Groups = append(append([]uint32(nil), j.Groups...), groups...)
+		j.Apply(cmd)
+		if err = thread.Fork(cmd, j.Enter); err == nil {
+			err = cmd.Wait()
+		}
+	} else {
+		err = cmd.Run()
+	}
 	res := result{stdout: stdout.Bytes(), stderr: stderr.String()}
+	for _, f := range files {
+		res.stderr = strings.ReplaceAll(res.stderr, paths["@"+f.name], f.label)
+	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return res, fmt.Errorf("qemu-img %s: %w", args[0], ctxErr)
 	}
@@ -44,8 +114,11 @@ func runQEMUImg(ctx context.Context, qemuImg string, args ...string) (result, er
 	case err == nil:
 	case errors.As(err, &exitErr) && exitErr.Exited():
 		res.code = exitErr.ExitCode()
+	case errors.As(err, &exitErr):
+		return res, preconditionf("qemu-img %s was killed (%s); it may use %v of CPU and %s of address space: %s",
+			args[0], exitErr.ProcessState, QEMUImgCPUTime, formatSize(QEMUImgAddressSpace), message(res.stderr, ""))
 	default:
-		return res, preconditionf("run %s %s: %v", qemuImg, args[0], err)
+		return res, preconditionf("run %s %s: %v", q.Path, args[0], err)
 	}
 	return res, nil
 }

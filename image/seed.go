@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 
@@ -18,59 +17,44 @@ const SeedLabel = "cidata"
 // isoBlockSize is the ISO9660 logical block size.
 const isoBlockSize = 2048
 
-// WriteSeed writes files into an ISO9660 image at path, labelled cidata, with
-// Rock Ridge and Joliet so the guest sees the names as given. The image is
-// written next to path and renamed into place, mode 0600.
-func WriteSeed(path string, files map[string][]byte) (retErr error) {
+// WriteSeed writes files into f, an empty file open read-write, as an
+// ISO9660 image labelled cidata, with Rock Ridge and Joliet so the guest
+// sees the names as given. The image's scratch files live in a temporary
+// directory of the shim's own.
+func WriteSeed(f *os.File, files map[string][]byte) error {
+	name := f.Name()
 	names := make([]string, 0, len(files))
-	for name := range files {
-		if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
-			return invalidf("seed %s: %q is not a file name", path, name)
+	for n := range files {
+		if n == "" || strings.ContainsAny(n, "/\x00") || n == "." || n == ".." {
+			return invalidf("seed %s: %q is not a file name", name, n)
 		}
-		names = append(names, name)
+		names = append(names, n)
 	}
 	sort.Strings(names)
-	dir := filepath.Dir(path)
-	workspace, err := os.MkdirTemp(dir, ".seed-files-")
+	workspace, err := os.MkdirTemp("", "vmshim-seed-")
 	if err != nil {
-		return fmt.Errorf("seed %s: %w", path, err)
+		return fmt.Errorf("seed %s: %w", name, err)
 	}
 	defer os.RemoveAll(workspace)
-	tmp, err := os.CreateTemp(dir, ".seed-*.iso")
+	fs, err := iso9660.Create(file.New(f, false), 0, 0, isoBlockSize, workspace)
 	if err != nil {
-		return fmt.Errorf("seed %s: %w", path, err)
+		return fmt.Errorf("seed %s: create iso9660: %w", name, err)
 	}
-	defer func() {
-		if retErr != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	fs, err := iso9660.Create(file.New(tmp, false), 0, 0, isoBlockSize, workspace)
-	if err != nil {
-		return fmt.Errorf("seed %s: create iso9660: %w", path, err)
-	}
-	for _, name := range names {
-		if err := writeISOFile(fs, name, files[name]); err != nil {
-			return fmt.Errorf("seed %s: %w", path, err)
+	for _, n := range names {
+		if err := writeISOFile(fs, n, files[n]); err != nil {
+			return fmt.Errorf("seed %s: %w", name, err)
 		}
 	}
 	opts := iso9660.FinalizeOptions{RockRidge: true, Joliet: true, VolumeIdentifier: SeedLabel}
 	if err := fs.Finalize(opts); err != nil {
-		return fmt.Errorf("seed %s: finalize iso9660: %w", path, err)
+		return fmt.Errorf("seed %s: finalize iso9660: %w", name, err)
 	}
 	// The last file ends mid-block; a drive's size must be whole blocks.
-	if err := padToBlock(tmp); err != nil {
-		return fmt.Errorf("seed %s: %w", path, err)
+	if err := padToBlock(f); err != nil {
+		return fmt.Errorf("seed %s: %w", name, err)
 	}
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("seed %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("seed %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("seed %s: %w", path, err)
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("seed %s: %w", name, err)
 	}
 	return nil
 }

@@ -25,11 +25,31 @@ func seedFiles() map[string][]byte {
 	}
 }
 
+// newSeed makes the seed file as the shim does, in the VM's files
+// directory of a rootfs, and points TMPDIR, where WriteSeed keeps its
+// scratch files, at a directory of the test's.
+func newSeed(t *testing.T) (f *os.File, tmp string) {
+	t.Helper()
+	tmp = t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	d, err := MakeFilesDir(layout(t, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if f, err = d.Create(SeedName); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f, tmp
+}
+
 func TestWriteSeed(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "seed.iso")
+	f, tmp := newSeed(t)
+	path := f.Name()
+	dir := filepath.Dir(path)
 	files := seedFiles()
-	if err := WriteSeed(path, files); err != nil {
+	if err := WriteSeed(f, files); err != nil {
 		t.Fatalf("WriteSeed() error = %v", err)
 	}
 	st, err := os.Stat(path)
@@ -42,7 +62,8 @@ func TestWriteSeed(t *testing.T) {
 	if st.Size()%isoBlockSize != 0 {
 		t.Errorf("size %d is not whole %d-byte blocks", st.Size(), isoBlockSize)
 	}
-	assertOnly(t, dir, "seed.iso")
+	assertOnly(t, dir, SeedName)
+	assertOnly(t, tmp)
 	img, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -105,41 +126,61 @@ func TestWriteSeed(t *testing.T) {
 	t.Run("mount", func(t *testing.T) { checkMount(t, path, files) })
 }
 
-func TestWriteSeedReplaces(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "seed.iso")
-	if err := os.WriteFile(path, []byte("old"), 0o644); err != nil {
+// TestWriteSeedThroughFile checks WriteSeed writes only through its
+// file: its path, now leading elsewhere, is not used.
+func TestWriteSeedThroughFile(t *testing.T) {
+	f, tmp := newSeed(t)
+	path := f.Name()
+	host := filepath.Join(t.TempDir(), "host-file")
+	if err := os.WriteFile(host, []byte("host"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	moved := path + ".moved"
+	if err := os.Rename(path, moved); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(host, path); err != nil {
 		t.Fatal(err)
 	}
 	files := map[string][]byte{SeedMetaData: []byte("instance-id: \"i-2\"\n"), SeedUserData: []byte("#cloud-config\n{}\n")}
-	if err := WriteSeed(path, files); err != nil {
+	if err := WriteSeed(f, files); err != nil {
 		t.Fatalf("WriteSeed() error = %v", err)
 	}
-	img, err := os.ReadFile(path)
+	img, err := os.ReadFile(moved)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, _, got := parseISO(t, img); !reflect.DeepEqual(got, files) {
 		t.Errorf("files = %q, want %q", got, files)
 	}
-	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
-		t.Errorf("stat = %v, %v; want mode 0600", st, err)
+	if data, _ := os.ReadFile(host); string(data) != "host" {
+		t.Errorf("the file at the seed's path was written: %q", data)
 	}
-	assertOnly(t, dir, "seed.iso")
+	assertOnly(t, filepath.Dir(path), SeedName, SeedName+".moved")
+	assertOnly(t, tmp)
 }
 
 func TestWriteSeedErrors(t *testing.T) {
-	dir := t.TempDir()
+	f, tmp := newSeed(t)
 	for _, name := range []string{"", "a/b", ".", "..", "a\x00"} {
-		err := WriteSeed(filepath.Join(dir, "seed.iso"), map[string][]byte{name: nil})
+		err := WriteSeed(f, map[string][]byte{name: nil})
 		if !errdefs.IsInvalidArgument(err) {
 			t.Errorf("WriteSeed(%q) error = %v, want invalid argument", name, err)
 		}
 	}
-	if err := WriteSeed(filepath.Join(dir, "missing", "seed.iso"), seedFiles()); err == nil {
-		t.Errorf("WriteSeed() into a missing directory succeeded")
+	ro, err := os.Open(f.Name())
+	if err != nil {
+		t.Fatal(err)
 	}
-	assertOnly(t, dir)
+	defer ro.Close()
+	if err := WriteSeed(ro, seedFiles()); err == nil {
+		t.Errorf("WriteSeed() into a read-only file succeeded")
+	}
+	if st, err := os.Stat(f.Name()); err != nil || st.Size() != 0 {
+		t.Errorf("seed after failures: %v, %v; want it empty", st, err)
+	}
+	assertOnly(t, filepath.Dir(f.Name()), SeedName)
+	assertOnly(t, tmp)
 }
 
 // assertOnly checks dir holds exactly the named entries (no temp files).

@@ -2,7 +2,8 @@
 // qemu-img inspecting an untrusted image), as Firecracker's jailer does:
 // its own uid and gid, no capabilities, no_new_privs, and a mount
 // namespace of its own whose root is a small read-only tmpfs holding only
-// /usr (read-only), a few device nodes and the files bound in for it.
+// /usr (read-only), a few device nodes, a /proc that shows only the jail's
+// own processes, and the files bound in for it.
 //
 // A jail is entered by a thread.Step on the thread the program is forked
 // from; the program inherits the namespace, the empty capability bounding
@@ -58,6 +59,8 @@ type Jail struct {
 	// Devices are character device nodes made in the jail besides the
 	// base ones, owned by UID:GID, mode 0600 (/dev/kvm, VFIO groups).
 	Devices []Device
+	// Sysfs shows the host's /sys, read-only (VFIO needs it).
+	Sysfs bool
 }
 
 // Bind is a file or directory bound into the jail.
@@ -211,6 +214,23 @@ func (j *Jail) build(trees []int) error {
 	}
 	for _, d := range j.Devices {
 		if err := j.mknod(d, 0o600, true); err != nil {
+			return err
+		}
+	}
+	// QEMU reaches its own descriptors through /proc/self/fd (9p sets a
+	// new file's mode that way). This proc shows only the processes of
+	// the jail's uid, and none of proc's other files.
+	if err := os.Mkdir(filepath.Join(j.Root, "proc"), 0o555); err != nil {
+		return err
+	}
+	if err := unix.Mount("proc", filepath.Join(j.Root, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "subset=pid,hidepid=invisible"); err != nil {
+		return fmt.Errorf("mount proc: %w", err)
+	}
+	if j.Sysfs {
+		if err := os.Mkdir(filepath.Join(j.Root, "sys"), 0o755); err != nil {
+			return err
+		}
+		if err := bindMount("/sys", filepath.Join(j.Root, "sys"), true, true); err != nil {
 			return err
 		}
 	}

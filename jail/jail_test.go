@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -171,7 +172,7 @@ func TestJailedProgram(t *testing.T) {
 			{Target: "/vm/share/0", Source: share, ReadOnly: true},
 		},
 	}
-	script := `ls -A /; echo; ls -A /dev; echo; id -u; id -g; id -G; cat /vm/share/0/hello
+	script := `ls -A /; echo; ls -A /dev; echo; id -u; id -g; id -G; cat /vm/share/0/hello; ls /proc | grep -c '^[0-9]'; ls /proc/sys 2>&1
 touch /x 2>/dev/null && echo ROOT-WRITABLE; touch /vm/share/0/x 2>/dev/null && echo SHARE-WRITABLE
 cat /vm/kernel 2>&1; ls /etc 2>&1 | head -1`
 	cmd := exec.Command("/usr/bin/sh", "-c", script)
@@ -194,7 +195,7 @@ cat /vm/kernel 2>&1; ls /etc 2>&1 | head -1`
 			want = append(want, strings.TrimPrefix(d, "/"))
 		}
 	}
-	want = append(want, "dev", "vm")
+	want = append(want, "dev", "proc", "vm")
 	sort.Strings(want)
 	if got := strings.Fields(parts[0]); !reflect.DeepEqual(got, want) {
 		t.Errorf("jail root holds %v, want %v", got, want)
@@ -204,6 +205,8 @@ cat /vm/kernel 2>&1; ls /etc 2>&1 | head -1`
 	}
 	rest := strings.Split(strings.TrimSpace(parts[2]), "\n")
 	wantRest := []string{"70001", "70002", "70002 70003", "shared",
+		// Its /proc holds its own processes (sh, ls, grep) and no more.
+		"3", "ls: cannot access '/proc/sys': No such file or directory",
 		// The kernel file is root's, 0600: bound by its descriptor, the
 		// jailed user still cannot read it.
 		"cat: /vm/kernel: Permission denied", "ls: cannot access '/etc': No such file or directory"}
@@ -227,6 +230,10 @@ func TestJailedProcessStatus(t *testing.T) {
 	if err := os.Mkdir(root, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// The test's thread stays where it is: compare with it.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	own, _ := os.Readlink("/proc/thread-self/ns/mnt")
 	j := &Jail{Root: root, UID: 70011, GID: 70011}
 	cmd := exec.Command("/usr/bin/sleep", "30")
 	j.Apply(cmd)
@@ -266,13 +273,11 @@ func TestJailedProcessStatus(t *testing.T) {
 			t.Errorf("%s: %q, want %q", k, st[k], want)
 		}
 	}
-	own, _ := os.Readlink("/proc/self/ns/mnt")
 	theirs, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", cmd.Process.Pid))
 	if theirs == "" || theirs == own {
 		t.Errorf("jailed mount namespace %q, ours %q: want another", theirs, own)
 	}
-	// The calling goroutine's thread is where it was.
 	if now, _ := os.Readlink("/proc/thread-self/ns/mnt"); now != own {
-		t.Errorf("a shim thread was left in mount namespace %s", now)
+		t.Errorf("the test's thread moved to mount namespace %s", now)
 	}
 }

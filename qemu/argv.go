@@ -33,14 +33,6 @@ const (
 // no fork/exec, no scheduler or resource limit changes.
 const sandboxOptions = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 
-// sandboxRunAsOptions are sandboxOptions for a QEMU that drops to another
-// user: QEMU installs the filter before it calls setgid, initgroups and
-// setuid for -runas, so these calls stay allowed (elevateprivileges=deny,
-// and children, kill QEMU there). After the switch QEMU holds no root id
-// and no capability, and the filter sets no_new_privs, so it cannot gain
-// them back.
-const sandboxRunAsOptions = "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"
-
 // tcgThreading is the TCG threading mode; multi runs one host thread per vCPU.
 const tcgThreading = "multi"
 
@@ -119,9 +111,13 @@ func BuildArgs(s Spec) ([]string, error) {
 	args = append(args,
 		"-smp", strconv.Itoa(s.CPUs),
 		"-m", strconv.Itoa(s.MemoryMiB)+"M",
-		"-chardev", opts{"socket", "id=" + QMPChardev}.add("path", s.QMPSocket).add("server", "on").add("wait", "off").String(),
+		"-chardev", listenChardev(QMPChardev, s.QMPSocket, s.QMPFD),
 		"-mon", "chardev="+QMPChardev+",mode=control",
 	)
+	// Files come before the devices that open them.
+	for _, a := range s.FDSets {
+		args = append(args, "-add-fd", fmt.Sprintf("fd=%d,set=%d", a.FD, a.Set))
+	}
 	if s.ConsoleFD != 0 {
 		args = append(args,
 			"-chardev", fmt.Sprintf("socket,id=%s,fd=%d", ConsoleChardev, s.ConsoleFD),
@@ -131,21 +127,14 @@ func BuildArgs(s Spec) ([]string, error) {
 	if s.AgentSocket != "" {
 		args = append(args,
 			"-device", "virtio-serial-pci,id="+SerialController,
-			"-chardev", opts{"socket", "id=" + AgentChardev}.add("path", s.AgentSocket).add("server", "on").add("wait", "off").String(),
+			"-chardev", listenChardev(AgentChardev, s.AgentSocket, s.AgentFD),
 			"-device", "virtserialport,bus="+SerialController+".0,id="+AgentPortID+",chardev="+AgentChardev+",name="+AgentPortName,
 		)
 	}
 	// A guest panic reported through pvpanic makes QEMU exit non-zero.
 	args = append(args, "-device", "pvpanic", "-action", "panic=exit-failure")
-	switch {
-	case s.Sandbox && s.RunAs != "":
-		args = append(args, "-sandbox", sandboxRunAsOptions)
-	case s.Sandbox:
+	if s.Sandbox {
 		args = append(args, "-sandbox", sandboxOptions)
-	}
-	// -runas takes its value verbatim; CheckUserName has kept it a plain name.
-	if s.RunAs != "" {
-		args = append(args, "-runas", s.RunAs)
 	}
 	if s.Paused {
 		args = append(args, "-S")
@@ -174,6 +163,15 @@ func BuildArgs(s Spec) ([]string, error) {
 		args = append(args, "-device", "vfio-pci,host="+addr+",id="+VFIODeviceID(i))
 	}
 	return args, nil
+}
+
+// listenChardev renders a server socket chardev: on the listening socket
+// fd QEMU inherited, or on path, which QEMU then creates.
+func listenChardev(id, path string, fd int) string {
+	if fd != 0 {
+		return fmt.Sprintf("socket,id=%s,fd=%d,server=on,wait=off", id, fd)
+	}
+	return opts{"socket", "id=" + id}.add("path", path).add("server", "on").add("wait", "off").String()
 }
 
 // driveArgs renders the block nodes and devices for validated drives.

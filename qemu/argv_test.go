@@ -246,17 +246,22 @@ func TestBuildArgs(t *testing.T) {
 			modify: func(s *Spec) { s.ConsoleFD = 3; s.Sandbox = true; s.Paused = true },
 		},
 		{
-			name:   "run as",
-			modify: func(s *Spec) { s.RunAs = "vmshim-qemu" },
-			tail:   []string{"-device", "pvpanic", "-action", "panic=exit-failure", "-runas", "vmshim-qemu"},
-		},
-		{
-			name:   "run as, sandbox, paused",
-			modify: func(s *Spec) { s.RunAs = "qemu_1.x"; s.Sandbox = true; s.Paused = true },
+			name: "sockets and files as fds",
+			modify: func(s *Spec) {
+				s.QMPFD, s.AgentSocket, s.AgentFD = 4, "/run/vmshim/pod-1/agent.sock", 5
+				s.FDSets = []AddFD{{Set: 0, FD: 6}, {Set: 1, FD: 7}}
+				s.Drives = []Drive{{ID: "root", Path: FDSetPath(0), Format: "qcow2", BackingPath: FDSetPath(1), BackingFormat: "raw"}}
+			},
 			tail: []string{
+				"-device", "virtio-serial-pci,id=vser0",
+				"-chardev", "socket,id=agent,fd=5,server=on,wait=off",
+				"-device", "virtserialport,bus=vser0.0,id=agent-port,chardev=agent,name=org.qemu.guest_agent.0",
 				"-device", "pvpanic", "-action", "panic=exit-failure",
-				"-sandbox", "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny",
-				"-runas", "qemu_1.x", "-S",
+				"-blockdev", `{"driver":"file","node-name":"bfile-root","filename":"/dev/fdset/1","read-only":true}`,
+				"-blockdev", `{"driver":"raw","node-name":"base-root","file":"bfile-root","read-only":true}`,
+				"-blockdev", `{"driver":"file","node-name":"file-root","filename":"/dev/fdset/0","discard":"unmap"}`,
+				"-blockdev", `{"driver":"qcow2","node-name":"disk-root","file":"file-root","backing":"base-root","discard":"unmap"}`,
+				"-device", "virtio-blk-pci,id=dev-root,drive=disk-root",
 			},
 		},
 	}
@@ -306,8 +311,8 @@ func TestBuildArgsFlags(t *testing.T) {
 	if !hasFlag(got, "-S") {
 		t.Errorf("argv lacks -S: %q", got)
 	}
-	if hasFlag(baseArgs, "-S") || hasFlag(baseArgs, "-serial") || hasFlag(baseArgs, "-sandbox") || hasFlag(baseArgs, "-runas") {
-		t.Errorf("defaults have -S, -serial, -sandbox or -runas: %q", baseArgs)
+	if hasFlag(baseArgs, "-S") || hasFlag(baseArgs, "-serial") || hasFlag(baseArgs, "-sandbox") || hasFlag(baseArgs, "-add-fd") {
+		t.Errorf("defaults have -S, -serial, -sandbox or -add-fd: %q", baseArgs)
 	}
 }
 
@@ -406,9 +411,11 @@ func TestBuildArgsInvalid(t *testing.T) {
 		{"mac", nic(func(n *NIC) { n.MAC = "02:00:00:00:00" }), `invalid nic "eth0" mac`},
 		{"mac injection", nic(func(n *NIC) { n.MAC = "02:00:00:00:00:01,romfile=/x" }), `invalid nic "eth0" mac`},
 		{"multicast mac", nic(func(n *NIC) { n.MAC = "01:00:5e:00:00:01" }), `invalid nic "eth0" mac`},
-		{"run as option", func(s *Spec) { s.RunAs = "nobody,-device foo" }, "invalid run as"},
-		{"run as flag", func(s *Spec) { s.RunAs = "-S" }, "invalid run as"},
-		{"run as ids", func(s *Spec) { s.RunAs = "0:0" }, "invalid run as"},
+		{"qmp fd", func(s *Spec) { s.QMPFD = 1 }, "invalid qmp fd"},
+		{"agent fd without socket", func(s *Spec) { s.AgentFD = 4 }, "invalid agent fd"},
+		{"fd set fd", func(s *Spec) { s.FDSets = []AddFD{{Set: 0, FD: 2}} }, "invalid fd set entry 0"},
+		{"fd set negative", func(s *Spec) { s.FDSets = []AddFD{{Set: -1, FD: 3}} }, "invalid fd set entry 0"},
+		{"fd filed twice", func(s *Spec) { s.FDSets = []AddFD{{Set: 0, FD: 3}, {Set: 1, FD: 3}} }, "invalid fd set entry 1"},
 		{"long mac", nic(func(n *NIC) { n.MAC = "02:00:00:00:00:00:00:01" }), `invalid nic "eth0" mac`},
 	}
 	for _, tt := range tests {

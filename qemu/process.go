@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -420,4 +421,30 @@ func (t *tailWriter) lastLines(n int) string {
 		return "no output"
 	}
 	return strings.Join(lines, " | ")
+}
+
+// Listen makes a unix stream socket listening at path, mode 0600, for
+// QEMU to inherit (Spec.QMPFD, Spec.AgentFD), so that QEMU needs neither
+// the path nor the right to create it. A stale socket at path is
+// replaced. The caller closes the file once QEMU has started.
+func Listen(path string) (*os.File, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	l.SetUnlinkOnClose(false)
+	defer l.Close()
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = os.Remove(path)
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	f, err := l.File()
+	if err != nil {
+		_ = os.Remove(path)
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	return f, nil
 }

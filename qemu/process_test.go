@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -417,4 +419,147 @@ func TestLogFault(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestListen checks Listen makes a socket only its owner may connect to,
+// listening on the returned file after Listen's own listener is gone, and
+// that it replaces what a crashed shim left at the path.
+func TestListen(t *testing.T) {
+	tests := []struct {
+		name  string
+		stale func(t *testing.T, p string) // leaves something at the path
+	}{
+		{"new", func(*testing.T, string) {}},
+		{"stale socket", func(t *testing.T, p string) {
+			l, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.SetUnlinkOnClose(false)
+			l.Close()
+			if _, err := net.Dial("unix", p); err == nil {
+				t.Fatal("the stale socket accepts connections")
+			}
+		}},
+		{"stale file", func(t *testing.T, p string) {
+			if err := os.WriteFile(p, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "qmp.sock")
+			tc.stale(t, p)
+			f, err := Listen(p)
+			if err != nil {
+				t.Fatalf("Listen() error = %v", err)
+			}
+			defer f.Close()
+			fi, err := os.Lstat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+				t.Errorf("%s: mode %v, want a socket of mode 0600", p, fi.Mode())
+			}
+			if n, err := syscall.GetsockoptInt(int(f.Fd()), syscall.SOL_SOCKET, syscall.SO_ACCEPTCONN); err != nil || n != 1 {
+				t.Errorf("returned file is not listening: %d, %v", n, err)
+			}
+			// A connection made before anyone accepts waits in the
+			// backlog, as QEMU's do while it starts.
+			conn, err := net.Dial("unix", p)
+			if err != nil {
+				t.Fatalf("dial: %v", err)
+			}
+			defer conn.Close()
+			l, err := net.FileListener(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			server, err := l.Accept()
+			if err != nil {
+				t.Fatalf("accept: %v", err)
+			}
+			defer server.Close()
+			if _, err := conn.Write([]byte("ping")); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 4)
+			if _, err := io.ReadFull(server, buf); err != nil || string(buf) != "ping" {
+				t.Fatalf("read %q, %v", buf, err)
+			}
+		})
+	}
+}
+
+func TestListenErrors(t *testing.T) {
+	dir := t.TempDir()
+	for _, p := range []string{
+		filepath.Join(dir, "missing", "qmp.sock"),
+		filepath.Join(dir, strings.Repeat("x", 120)),
+	} {
+		f, err := Listen(p)
+		if err == nil {
+			f.Close()
+			t.Errorf("Listen(%s) succeeded", p)
+			continue
+		}
+		if !strings.HasPrefix(err.Error(), "listen on "+p+": ") {
+			t.Errorf("Listen(%s) error = %v, want it named", p, err)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("failed Listen left %v", entries)
+	}
+}
+
+// TestLaunchListeningFDs checks QEMU serves QMP and the agent port on the
+// listening sockets it inherits, and leaves them as Listen made them.
+func TestLaunchListeningFDs(t *testing.T) {
+	bin := qemuBinary(t)
+	dir := t.TempDir()
+	spec := testSpec(dir)
+	spec.Paused = true
+	spec.AgentSocket = filepath.Join(dir, "agent.sock")
+	var fds FDSet
+	defer fds.Close()
+	for _, l := range []struct {
+		path string
+		fd   *int
+	}{{spec.QMPSocket, &spec.QMPFD}, {spec.AgentSocket, &spec.AgentFD}} {
+		f, err := Listen(l.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		*l.fd = fds.Add(f)
+	}
+	var stderr bytes.Buffer
+	ctx := testCtx(t, 20*time.Second)
+	v, err := Launch(ctx, LaunchConfig{Binary: bin, Spec: spec, Files: fds.Files(), Stderr: &stderr, Dir: dir})
+	if err != nil {
+		t.Fatalf("%v: %s", err, stderr.String())
+	}
+	defer v.Kill()
+	// QEMU holds its own copies.
+	if err := fds.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := v.QMP().QueryStatus(ctx)
+	if err != nil || st.Status != "prelaunch" {
+		t.Fatalf("status = %+v, %v", st, err)
+	}
+	if err := v.Agent().Ping(ctx); !errors.Is(err, ErrNoAgent) {
+		t.Errorf("agent of a paused guest: %v, want ErrNoAgent", err)
+	}
+	for _, p := range []string{spec.QMPSocket, spec.AgentSocket} {
+		if fi, err := os.Lstat(p); err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v, %v; want a socket of mode 0600", p, fi, err)
+		}
+	}
+	if err := v.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, v)
 }

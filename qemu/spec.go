@@ -5,10 +5,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/vmshim/vmshim/pci"
 )
 
 // Accel is a QEMU accelerator.
@@ -102,18 +104,29 @@ type Spec struct {
 	Kernel      string // direct kernel boot when set
 	Initrd      string
 	Append      string // kernel command line (only with Kernel)
-	QMPSocket   string // unix socket path QEMU listens on for QMP
+	QMPSocket   string // unix socket path the shim dials for QMP
+	QMPFD       int    // fd number (as QEMU sees it) of the QMP socket, listening; 0 = QEMU listens on QMPSocket itself
 	ConsoleFD   int    // fd number (as QEMU sees it) of a connected unix stream socket for the first serial port; 0 = no console
 	Sandbox     bool   // -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny
 	Paused      bool   // -S: start with vCPUs stopped (containerd create → start)
-	AgentSocket string // unix socket path QEMU listens on for the guest agent's virtio-serial port; "" = none
+	AgentSocket string // unix socket path the shim dials for the guest agent's virtio-serial port; "" = none
+	AgentFD     int    // fd number of the agent socket, listening; 0 = QEMU listens on AgentSocket itself
 	Shares      []Share
 	VFIO        []string // host PCI functions to pass through, as DDDD:BB:DD.F in lower-case hex
-	// RunAs is the user QEMU switches to (-runas) once it has opened its
-	// images, sockets and inherited fds, before the guest runs; "" keeps
-	// the caller's user. A name, see CheckUserName.
-	RunAs string
+	// FDSets are inherited fds QEMU files under fd sets (-add-fd); a
+	// drive whose Path is FDSetPath(set) opens the fd of its set whose
+	// access mode matches, so QEMU resolves no path of its own.
+	FDSets []AddFD
 }
+
+// AddFD files an inherited fd under an fd set.
+type AddFD struct {
+	Set int // fd set id, >= 0
+	FD  int // fd number as QEMU sees it, >= 3
+}
+
+// FDSetPath is the path under which QEMU opens an fd of set.
+func FDSetPath(set int) string { return "/dev/fdset/" + strconv.Itoa(set) }
 
 // maxUnixPath is the room for a path in sockaddr_un, less the NUL.
 const maxUnixPath = 107
@@ -149,8 +162,16 @@ func (s Spec) Validate() error {
 	if s.AgentSocket != "" && s.AgentSocket == s.QMPSocket {
 		return invalid("agent socket", "%q is also the qmp socket", s.AgentSocket)
 	}
-	if s.ConsoleFD != 0 && s.ConsoleFD < 3 {
-		return invalid("console fd", "%d is a standard stream, want 0 (none) or >= 3", s.ConsoleFD)
+	for field, fd := range map[string]int{"console fd": s.ConsoleFD, "qmp fd": s.QMPFD, "agent fd": s.AgentFD} {
+		if fd != 0 && fd < 3 {
+			return invalid(field, "%d is a standard stream, want 0 (none) or >= 3", fd)
+		}
+	}
+	if s.AgentFD != 0 && s.AgentSocket == "" {
+		return invalid("agent fd", "set without an agent socket")
+	}
+	if err := validateFDSets(s.FDSets); err != nil {
+		return err
 	}
 	if err := s.validateBoot(); err != nil {
 		return err
@@ -164,40 +185,7 @@ func (s Spec) Validate() error {
 	if err := validateShares(s.Shares); err != nil {
 		return err
 	}
-	if s.RunAs != "" {
-		if err := CheckUserName(s.RunAs); err != nil {
-			return invalid("run as", "%v", err)
-		}
-	}
 	return validateVFIO(s.VFIO)
-}
-
-// MaxUserNameLen is the longest user name CheckUserName accepts.
-const MaxUserNameLen = 32
-
-// CheckUserName checks that name is a plain user name QEMU's -runas takes
-// as a name: letters, digits, '_', '.' and '-', not starting with '-' or
-// '.', not all digits (a number reads as a uid), at most MaxUserNameLen
-// bytes. The value then never reads as an option, a flag or QEMU's
-// "uid:gid" form.
-func CheckUserName(name string) error {
-	switch {
-	case name == "":
-		return fmt.Errorf("user name is empty")
-	case len(name) > MaxUserNameLen:
-		return fmt.Errorf("user name %q is longer than %d bytes", name, MaxUserNameLen)
-	case name[0] == '-' || name[0] == '.':
-		return fmt.Errorf("user name %q starts with %q", name, name[0])
-	case strings.Trim(name, "0123456789") == "":
-		return fmt.Errorf("user name %q is a number, not a name", name)
-	}
-	if i := strings.IndexFunc(name, func(r rune) bool {
-		return (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') && (r < '0' || r > '9') && r != '_' && r != '.' && r != '-'
-	}); i >= 0 {
-		r, _ := utf8.DecodeRuneInString(name[i:])
-		return fmt.Errorf("user name %q has %q, not a letter, digit, '_', '.' or '-'", name, r)
-	}
-	return nil
 }
 
 func (s Spec) validateBoot() error {
@@ -344,37 +332,35 @@ func validateShares(shares []Share) error {
 	return nil
 }
 
+func validateFDSets(sets []AddFD) error {
+	seen := map[int]bool{}
+	for i, a := range sets {
+		field := fmt.Sprintf("fd set entry %d", i)
+		if a.Set < 0 {
+			return invalid(field, "set %d is negative", a.Set)
+		}
+		if a.FD < 3 {
+			return invalid(field, "fd %d is not an inherited fd (>= 3)", a.FD)
+		}
+		if seen[a.FD] {
+			return invalid(field, "fd %d is filed twice", a.FD)
+		}
+		seen[a.FD] = true
+	}
+	return nil
+}
+
 func validateVFIO(addrs []string) error {
 	seen := map[string]bool{}
 	for i, a := range addrs {
 		field := fmt.Sprintf("vfio[%d]", i)
-		if err := CheckPCIAddress(a); err != nil {
+		if err := pci.CheckAddress(a); err != nil {
 			return invalid(field, "%v", err)
 		}
 		if seen[a] {
 			return invalid(field, "%s is listed twice", a)
 		}
 		seen[a] = true
-	}
-	return nil
-}
-
-// CheckPCIAddress checks that a is a PCI function address as sysfs
-// names it: DDDD:BB:DD.F in lower-case hex, device at most 1f, function at most 7.
-func CheckPCIAddress(a string) error {
-	if len(a) != len("0000:00:00.0") || a[4] != ':' || a[7] != ':' || a[10] != '.' {
-		return fmt.Errorf("%q is not a pci address DDDD:BB:DD.F", a)
-	}
-	for _, i := range []int{0, 1, 2, 3, 5, 6, 8, 9, 11} {
-		if c := a[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return fmt.Errorf("%q is not a pci address DDDD:BB:DD.F in lower-case hex", a)
-		}
-	}
-	if a[8] > '1' {
-		return fmt.Errorf("%q has a device number above 1f", a)
-	}
-	if a[11] > '7' {
-		return fmt.Errorf("%q has a function number above 7", a)
 	}
 	return nil
 }

@@ -3,8 +3,6 @@ package shim
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/containerd/log"
@@ -19,34 +17,9 @@ import (
 // sysfsRoot is where the host's devices are looked up.
 const sysfsRoot = "/sys"
 
-// CRI annotations naming the pod a container belongs to.
-const (
-	sandboxUIDAnnotation = "io.kubernetes.cri.sandbox-uid"
-	sandboxIDAnnotation  = "io.kubernetes.cri.sandbox-id"
-)
-
 // hostEnv lists environment variables of the container that describe the
 // container, not the workload, and would only mislead the guest.
 var hostEnv = map[string]bool{"PATH": true, "HOME": true, "HOSTNAME": true, "TERM": true}
-
-// hostDevices adds the spec's block devices as extra disks and its VFIO
-// groups as PCI passthrough; other devices are left out.
-func hostDevices(ctx context.Context, spec *specs.Spec, driver string, qs *qemu.Spec) error {
-	devs, err := config.ResolveDevices(spec, sysfsRoot)
-	if err != nil {
-		return err
-	}
-	for i, b := range devs.Block {
-		qs.Drives = append(qs.Drives, qemu.Drive{
-			ID: fmt.Sprintf("blk%d", i), Path: b.HostPath, Format: "raw", HostDevice: true, Driver: driver,
-		})
-	}
-	qs.VFIO = devs.VFIO
-	if len(devs.Ignored) > 0 {
-		log.G(ctx).WithField("devices", strings.Join(devs.Ignored, " ")).Info("devices not given to the vm")
-	}
-	return nil
-}
 
 // shares exposes the container's volumes to the guest over virtio-9p and
 // returns them for the guest to mount.
@@ -63,10 +36,8 @@ func shares(ctx context.Context, spec *specs.Spec, qs *qemu.Spec) []image.CloudM
 	return mounts
 }
 
-// seedDrive writes the VM's cloud-init NoCloud seed into the container's
-// writable layer (the record names it first) and returns its read-only
-// drive.
-func seedDrive(ns string, spec *specs.Spec, desc *config.VM, rec *record, rootfs string, mounts []image.CloudMount, nics []network.NIC) (qemu.Drive, error) {
+// cloudInitFiles are the files of the VM's cloud-init NoCloud seed.
+func cloudInitFiles(ns string, spec *specs.Spec, desc *config.VM, mounts []image.CloudMount, nics []network.NIC) (map[string][]byte, error) {
 	ci := image.CloudInit{
 		InstanceID:    instanceID(ns, desc.ID, spec),
 		Hostname:      hostname(spec),
@@ -85,19 +56,9 @@ func seedDrive(ns string, spec *specs.Spec, desc *config.VM, rec *record, rootfs
 	}
 	files, err := ci.Files()
 	if err != nil {
-		return qemu.Drive{}, fmt.Errorf("cloud-init seed: %w", err)
+		return nil, fmt.Errorf("cloud-init seed: %w", err)
 	}
-	rec.Seed = filepath.Join(rootfs, overlayDir, "seed.iso")
-	if err := rec.save(); err != nil {
-		return qemu.Drive{}, err
-	}
-	if err := os.MkdirAll(filepath.Dir(rec.Seed), 0o700); err != nil {
-		return qemu.Drive{}, fmt.Errorf("create seed dir: %w", err)
-	}
-	if err := image.WriteSeed(rec.Seed, files); err != nil {
-		return qemu.Drive{}, fmt.Errorf("cloud-init seed: %w", err)
-	}
-	return qemu.Drive{ID: "seed", Path: rec.Seed, Format: "raw", ReadOnly: true, Driver: config.DiskDriverVirtioBlk}, nil
+	return files, nil
 }
 
 // instanceID is stable for the pod, so cloud-init's once-per-instance

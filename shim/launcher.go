@@ -11,23 +11,19 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
-	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmshim/vmshim/config"
-	"github.com/vmshim/vmshim/image"
 	"github.com/vmshim/vmshim/network"
 	"github.com/vmshim/vmshim/qemu"
 )
@@ -35,10 +31,6 @@ import (
 // runtimeRoot holds each VM's runtime directory (QMP socket). It is short
 // so socket paths stay within the unix socket path limit.
 const runtimeRoot = "/run/vmshim"
-
-// overlayDir is where, inside the container's writable layer, the VM's
-// root disk overlay lives.
-const overlayDir = ".vmshim"
 
 // qemuLauncher creates VMs with QEMU from a bundle.
 type qemuLauncher struct {
@@ -54,7 +46,9 @@ func NewLauncher() Launcher {
 }
 
 // Launch resolves the task's settings, prepares its disks and starts QEMU
-// with the vCPUs stopped. On failure it leaves nothing behind.
+// with the vCPUs stopped, step by step (see launch). On failure it leaves
+// nothing behind: the task record names everything made so far, and its
+// release undoes it, as the delete action does after a crash.
 func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retErr error) {
 	cfg, err := loadConfig(r.Options)
 	if err != nil {
@@ -67,183 +61,38 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 	if isSandbox(spec) {
 		return l.launchSandbox(ctx, r, spec)
 	}
-	desc, err := config.Resolve(cfg, r.ID, spec)
-	if err != nil {
-		return nil, err
-	}
-	if err := newOCIHooks(r.ID, r.Bundle, spec, "").check(); err != nil {
-		return nil, err
-	}
-	release, err := l.claimPod(spec.Annotations[groupAnnotation], r.ID)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if retErr != nil {
-			release()
-		}
-	}()
-	binary, err := exec.LookPath(cfg.QEMUBinary)
-	if err != nil {
-		return nil, fmt.Errorf("config qemu_binary: %q not found: %w", cfg.QEMUBinary, errdefs.ErrFailedPrecondition)
-	}
 	ns, _ := namespaces.Namespace(ctx)
-	rec := &record{ID: r.ID, Bundle: r.Bundle, RuntimeDir: runtimeDir(ns, r.ID)}
-	if err := rec.save(); err != nil {
-		return nil, err
-	}
+	c := &launch{launcher: l, r: r, cfg: cfg, spec: spec, ns: ns, logger: log.G(ctx).WithField("id", r.ID)}
 	defer func() {
+		c.closeFiles()
 		if retErr != nil {
-			rec.release(ctx)
+			c.rollback(ctx)
 		}
 	}()
-
-	rootfs := filepath.Join(r.Bundle, "rootfs")
-	if len(r.Rootfs) > 0 {
-		rec.Rootfs = rootfs
-		if err := rec.save(); err != nil {
-			return nil, err
-		}
-		if err := mount.All(r.Rootfs, rootfs); err != nil {
-			return nil, fmt.Errorf("mount rootfs: %w", err)
-		}
-	}
-	boot, err := image.Find(rootfs)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(rec.RuntimeDir, 0o700); err != nil {
-		return nil, fmt.Errorf("create runtime dir: %w", err)
-	}
-
-	qs := qemu.Spec{
-		Name:      r.ID,
-		CPUs:      desc.VCPUs,
-		MemoryMiB: desc.MemoryMiB,
-		QMPSocket: filepath.Join(rec.RuntimeDir, "qmp.sock"),
-		// Exec runs through qemu-guest-agent; a guest without one
-		// simply never opens the port.
-		AgentSocket: filepath.Join(rec.RuntimeDir, "agent.sock"),
-		Sandbox:     cfg.Sandbox,
-		RunAs:       cfg.QEMUUser,
-		Paused:      true,
-	}
-	if boot.Disk != "" {
-		drive, err := rootDrive(ctx, cfg, desc, boot, rec, rootfs)
-		if err != nil {
-			return nil, err
-		}
-		qs.Drives = []qemu.Drive{drive}
-	} else {
-		qs.Kernel, qs.Initrd, qs.Append = boot.Kernel, boot.Initrd, desc.KernelCmdline
-	}
-	if qs.Accel, err = l.accel(ctx, cfg.Accel, binary); err != nil {
-		return nil, err
-	}
-	if err := hostDevices(ctx, spec, desc.DiskDriver, &qs); err != nil {
-		return nil, err
-	}
-	mounts := shares(ctx, spec, &qs)
-
-	guestEnd, shimEnd, err := consolePair()
-	if err != nil {
-		return nil, err
-	}
-	defer guestEnd.Close()
-	defer func() {
-		if retErr != nil {
-			shimEnd.Close()
-		}
-	}()
-	var fds qemu.FDSet
-	qs.ConsoleFD = fds.Add(guestEnd)
-
-	logger := log.G(ctx).WithField("id", r.ID)
-	nsPath, err := l.vmNetns(ctx, ns, r.ID, spec, rec)
-	if err != nil {
-		return nil, err
-	}
-	hooks := newOCIHooks(r.ID, r.Bundle, spec, nsPath)
-	if hooks.any() {
-		// From here on, poststop hooks run whatever happens, as the
-		// runtime spec asks of a failed create too.
-		rec.Poststop, rec.HookNetns = true, nsPath
-		if err := rec.save(); err != nil {
-			return nil, err
-		}
-		if err := hooks.create(ctx); err != nil {
+	for _, step := range []struct {
+		name string
+		do   func(context.Context) error
+	}{
+		{"resolve config", c.resolve},
+		{"claim pod", c.claimPod},
+		{"record", c.record},
+		{"rootfs", c.rootfs},
+		{"disks", c.disks},
+		{"host devices", c.hostDevices},
+		{"shares", c.shares},
+		{"network", c.network},
+		{"seed", c.seed},
+		{"cgroup", c.cgroup},
+		{"jail", c.jail},
+		{"qemu", c.qemu},
+	} {
+		if err := step.do(ctx); err != nil {
+			c.logger.WithError(err).WithField("step", step.name).Debug("create failed")
 			return nil, err
 		}
 	}
-	if rec.Netns != "" && cfg.CNINetwork != "" {
-		if err := attachCNI(ctx, cfg, ns, r.ID, rec); err != nil {
-			return nil, err
-		}
-	}
-	var netw *network.Network
-	if nsPath != "" {
-		netw, err = network.Setup(ctx, nsPath, network.Options{
-			Hostname: hostname(spec), ResolvConf: podResolvConf(spec), Logger: logger,
-			Record: func(st *network.State) error {
-				rec.Network = st
-				return rec.save()
-			},
-		})
-		if err != nil {
-			return nil, fmt.Errorf("pod network: %w", err)
-		}
-		defer func() {
-			if retErr != nil {
-				if err := netw.Teardown(ctx); err != nil {
-					logger.WithError(err).Warn("undo pod network")
-				}
-			}
-		}()
-		for i, nic := range netw.NICs() {
-			qs.NICs = append(qs.NICs, qemu.NIC{ID: fmt.Sprintf("net%d", i), TapFD: fds.Add(nic.Tap), MAC: nic.MAC.String()})
-		}
-	}
-
-	var nics []network.NIC
-	if netw != nil {
-		nics = netw.NICs()
-	}
-	seed, err := seedDrive(ns, spec, desc, rec, rootfs, mounts, nics)
-	if err != nil {
-		return nil, err
-	}
-	qs.Drives = append(qs.Drives, seed)
-
-	limits := &cgroupLimits{guest: int64(desc.MemoryMiB) << 20, overhead: cfg.MemoryOverheadBytes(), memLimit: specMemoryLimit(spec)}
-	if err := limits.create(ctx, spec, rec); err != nil {
-		return nil, err
-	}
-
-	bootCtx, cancel := context.WithTimeout(ctx, desc.BootTimeout)
-	defer cancel()
-	stderr := logger.WriterLevel(logrus.WarnLevel)
-	vm, err := qemu.Launch(bootCtx, qemu.LaunchConfig{
-		Binary: binary, Spec: qs, Files: fds.Files(), Stderr: stderr, Dir: rec.RuntimeDir,
-		// QEMU starts in the VM's cgroup: all it allocates, the kernel
-		// it loads into guest RAM included, is charged there. It runs in
-		// the VM's network namespace, where /proc/PID/ns/net leads
-		// tools such as `nerdctl inspect` and `nsenter -t PID -n`.
-		Start: func(cmd *exec.Cmd) error { return limits.start(cmd, netnsSteps(nsPath)...) },
-	})
-	if err != nil {
-		stderr.Close()
-		return nil, fmt.Errorf("start vm %s: %w", r.ID, err)
-	}
-	rec.Pid = vm.Pid()
-	rec.PidStart, _ = processStart(vm.Pid())
-	if err = rec.save(); err != nil {
-		_ = vm.Kill()
-		<-vm.Done()
-		stderr.Close()
-		return nil, err
-	}
-	logger.WithFields(log.Fields{"pid": vm.Pid(), "accel": qs.Accel, "nics": len(qs.NICs)}).Info("vm created")
-	return &qemuVM{VM: vm, cgroupLimits: limits, console: shimEnd, rec: rec, stderr: stderr, network: netw, hooks: hooks, onRelease: release}, nil
+	c.logger.WithFields(log.Fields{"pid": c.vm.Pid(), "accel": c.qs.Accel, "nics": len(c.qs.NICs), "jail": c.j != nil}).Info("vm created")
+	return c.vm, nil
 }
 
 // accel picks the accelerator for a mode once per shim process.
@@ -260,35 +109,6 @@ func (l *qemuLauncher) accel(ctx context.Context, mode, binary string) (qemu.Acc
 	log.G(ctx).WithFields(log.Fields{"accel": a, "reason": reason}).Info("accelerator chosen")
 	l.accels[mode] = a
 	return a, nil
-}
-
-// rootDrive checks the image's disk and makes the qcow2 overlay the VM
-// boots from, in the container's writable layer; the record names the
-// overlay before it exists.
-func rootDrive(ctx context.Context, cfg config.Config, desc *config.VM, boot *image.Boot, rec *record, rootfs string) (qemu.Drive, error) {
-	info, err := image.Inspect(ctx, cfg.QEMUImg, boot, image.Limits{MaxVirtualSize: cfg.MaxDiskBytes()})
-	if err != nil {
-		return qemu.Drive{}, err
-	}
-	if desc.RootDiskSize > 0 && desc.RootDiskSize < info.VirtualSize {
-		return qemu.Drive{}, fmt.Errorf("annotation %s: %d bytes is smaller than the image's disk %s (%d bytes); disks can only grow: %w",
-			config.AnnotationRootDiskSize, desc.RootDiskSize, boot.InImage(boot.Disk), info.VirtualSize, errdefs.ErrInvalidArgument)
-	}
-	rec.Overlay = filepath.Join(rootfs, overlayDir, "root.qcow2")
-	if err = rec.save(); err != nil {
-		return qemu.Drive{}, err
-	}
-	if err = os.MkdirAll(filepath.Dir(rec.Overlay), 0o700); err != nil {
-		return qemu.Drive{}, fmt.Errorf("create overlay dir: %w", err)
-	}
-	if err = image.CreateOverlay(ctx, cfg.QEMUImg, boot.Disk, boot.Format, info.VirtualSize, rec.Overlay, desc.RootDiskSize); err != nil {
-		return qemu.Drive{}, err
-	}
-	return qemu.Drive{
-		ID: "root", Path: rec.Overlay, Format: "qcow2",
-		BackingPath: boot.Disk, BackingFormat: boot.Format,
-		Driver: desc.DiskDriver, BootIndex: 1,
-	}, nil
 }
 
 // launchSandbox starts a pod sandbox's pause process and remembers the
@@ -343,6 +163,10 @@ func (l *qemuLauncher) podNetns(path string) string {
 	}
 	return path
 }
+
+// idsDir holds the node-wide claims on jail ids (see jail.Claim); on a
+// tmpfs, so a reboot frees them all.
+const idsDir = runtimeRoot + "/ids"
 
 // runtimeDir is the VM's runtime directory, named by a hash of its
 // namespace and id to stay short.

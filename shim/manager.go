@@ -23,8 +23,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// groupAnnotation puts every container of a CRI pod in one shim process.
-const groupAnnotation = "io.kubernetes.cri.sandbox-id"
 
 // manager implements the shim binary's start and delete actions.
 type manager struct {
@@ -149,7 +147,7 @@ func groupOf(id string) (string, error) {
 	if err := json.Unmarshal(data, &spec); err != nil {
 		return "", fmt.Errorf("parse bundle spec: %w", err)
 	}
-	if g := spec.Annotations[groupAnnotation]; g != "" {
+	if g := spec.Annotations[sandboxIDAnnotation]; g != "" {
 		return g, nil
 	}
 	return id, nil

@@ -16,6 +16,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/vmshim/vmshim/image"
+	"github.com/vmshim/vmshim/jail"
 	"github.com/vmshim/vmshim/network"
 )
 
@@ -30,8 +32,9 @@ type record struct {
 	Bundle     string `json:"bundle"`
 	RuntimeDir string `json:"runtime_dir,omitempty"` // QMP socket and other runtime files
 	Rootfs     string `json:"rootfs,omitempty"`      // set while the shim holds the rootfs mounted
-	Overlay    string `json:"overlay,omitempty"`     // qcow2 overlay in the writable layer
-	Seed       string `json:"seed,omitempty"`        // cloud-init seed in the writable layer
+	VMFiles    string `json:"vm_files,omitempty"`    // the rootfs in which the shim made the VM's files directory (image.FilesDirName)
+	JailOwner  string `json:"jail_owner,omitempty"`  // the owner of the jail id claim: namespace/id
+	JailID     uint32 `json:"jail_id,omitempty"`     // the VM's claimed jail uid and gid
 	Pid        int    `json:"pid,omitempty"`         // the task's process: QEMU, or a sandbox's pause process
 	PidStart   uint64 `json:"pid_start,omitempty"`   // its start time in clock ticks, guards against pid reuse
 	Cgroup     string `json:"cgroup,omitempty"`      // the cgroup the task's process runs in (OCI cgroupsPath)
@@ -112,14 +115,15 @@ func (r *record) release(ctx context.Context) {
 			logger.WithError(err).Warn("remove runtime dir")
 		}
 	}
-	for what, p := range map[string]string{"disk overlay": r.Overlay, "cloud-init seed": r.Seed} {
-		if p == "" {
-			continue
+	if r.VMFiles != "" {
+		if err := image.RemoveFilesDir(r.VMFiles); err != nil {
+			logger.WithError(err).Warn("remove the vm's files")
 		}
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			logger.WithError(err).Warn("remove " + what)
+	}
+	if r.JailID != 0 {
+		if err := jail.Release(idsDir, r.JailID, r.JailOwner); err != nil {
+			logger.WithError(err).Warn("release jail id")
 		}
-		_ = os.Remove(filepath.Dir(p)) // their own directory, once empty
 	}
 	if r.Rootfs != "" {
 		if err := mount.UnmountRecursive(r.Rootfs, 0); err != nil {

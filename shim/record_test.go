@@ -3,23 +3,28 @@ package shim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"github.com/vmshim/vmshim/image"
+	"github.com/vmshim/vmshim/jail"
 )
 
 func TestRecordRoundTrip(t *testing.T) {
 	bundle := t.TempDir()
 	want := &record{
 		ID: "vm1", Bundle: bundle, RuntimeDir: "/run/vmshim/default/vm1",
-		Rootfs: filepath.Join(bundle, "rootfs"), Overlay: filepath.Join(bundle, "rootfs/.vmshim/root.qcow2"),
-		Pid: 4242, PidStart: 123456,
+		Rootfs: filepath.Join(bundle, "rootfs"), VMFiles: filepath.Join(bundle, "rootfs"),
+		JailOwner: "default/vm1", JailID: 100042, Pid: 4242, PidStart: 123456,
 	}
 	if err := want.save(); err != nil {
 		t.Fatal(err)
@@ -99,28 +104,41 @@ func TestReleaseRemovesEverything(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(runDir, "qmp.sock"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	overlayDir := filepath.Join(bundle, "rootfs", overlayDir)
-	if err := os.MkdirAll(overlayDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	overlay := filepath.Join(overlayDir, "root.qcow2")
-	if err := os.WriteFile(overlay, []byte("QFI\xfb"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	rootfs := filepath.Join(bundle, "rootfs")
-	r := &record{ID: "vm1", Bundle: bundle, RuntimeDir: runDir, Overlay: overlay, Rootfs: rootfs}
+	imageFile := filepath.Join(rootfs, "disk", "vm.qcow2")
+	if err := os.MkdirAll(filepath.Dir(imageFile), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(imageFile, []byte("QFI\xfb"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := image.MakeFilesDir(rootfs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var made []string
+	for _, name := range []string{image.OverlayName, image.SeedName} {
+		f, err := dir.Create(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		made = append(made, f.Name())
+		f.Close()
+	}
+	dir.Close()
+	r := &record{ID: "vm1", Bundle: bundle, RuntimeDir: runDir, VMFiles: rootfs, Rootfs: rootfs}
 	if err := r.save(); err != nil {
 		t.Fatal(err)
 	}
 
 	r.release(ctx)
-	for _, p := range []string{runDir, overlay, overlayDir, filepath.Join(bundle, recordFile)} {
+	for _, p := range append(made, runDir, dir.Path(), filepath.Join(bundle, recordFile)) {
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s still there after release (%v)", p, err)
 		}
 	}
-	if _, err := os.Stat(rootfs); err != nil {
-		t.Errorf("release removed the rootfs directory: %v", err)
+	if _, err := os.Stat(imageFile); err != nil {
+		t.Errorf("release removed the image's files: %v", err)
 	}
 	if w := logs.warnings(); len(w) != 0 {
 		t.Errorf("release warned: %q", w)
@@ -133,22 +151,76 @@ func TestReleaseRemovesEverything(t *testing.T) {
 	}
 }
 
-func TestReleaseKeepsNonEmptyOverlayDir(t *testing.T) {
+// TestReleaseKeepsImageFilesDir checks a record that names no VM files
+// directory, as when the image had its own /.vmshim, leaves that alone.
+func TestReleaseKeepsImageFilesDir(t *testing.T) {
 	ctx, _ := testLogger(t)
 	bundle := t.TempDir()
-	dir := filepath.Join(bundle, "rootfs", overlayDir)
+	dir := filepath.Join(bundle, "rootfs", image.FilesDirName)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	other := filepath.Join(dir, "user-file")
+	other := filepath.Join(dir, image.OverlayName)
 	if err := os.WriteFile(other, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r := &record{ID: "vm1", Bundle: bundle, Overlay: filepath.Join(dir, "root.qcow2")}
+	r := &record{ID: "vm1", Bundle: bundle, Rootfs: filepath.Join(bundle, "rootfs")}
 	r.release(ctx)
 	if _, err := os.Stat(other); err != nil {
 		t.Fatalf("release removed a file it does not own: %v", err)
 	}
+}
+
+// TestReleaseJailID checks release gives back the VM's jail id, and only
+// while the record's owner holds it. idsDir is the node's, a constant:
+// the test claims a real id there, in a range no VM uses, and needs root.
+func TestReleaseJailID(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("claiming an id in " + idsDir + " needs root")
+	}
+	ctx, logs := testLogger(t)
+	removeIfMade(t, runtimeRoot)
+	removeIfMade(t, idsDir)
+	ids := jail.IDRange{First: 2100000, Last: 2100099}
+	owner := fmt.Sprintf("vmshim-test/%s-%d", t.Name(), os.Getpid())
+	id, err := jail.Claim(idsDir, ids, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := filepath.Join(idsDir, strconv.FormatUint(uint64(id), 10))
+	t.Cleanup(func() { _ = jail.Release(idsDir, id, owner) })
+	other, err := jail.Claim(idsDir, ids, owner+"-other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = jail.Release(idsDir, other, owner+"-other") })
+
+	// A record whose owner does not hold the id leaves the claim.
+	(&record{ID: "vm1", Bundle: t.TempDir(), JailID: other, JailOwner: owner}).release(ctx)
+	if _, err := os.Stat(filepath.Join(idsDir, strconv.FormatUint(uint64(other), 10))); err != nil {
+		t.Fatalf("release gave back another owner's id: %v", err)
+	}
+
+	r := &record{ID: "vm1", Bundle: t.TempDir(), JailID: id, JailOwner: owner}
+	r.release(ctx)
+	if _, err := os.Lstat(claim); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("claim %s still there after release (%v)", claim, err)
+	}
+	// A claim released already is released.
+	r.release(ctx)
+	if w := logs.warnings(); len(w) != 0 {
+		t.Errorf("release warned: %q", w)
+	}
+}
+
+// removeIfMade removes dir, once empty, at the end of the test if it does
+// not exist now.
+func removeIfMade(t *testing.T, dir string) {
+	t.Helper()
+	if _, err := os.Lstat(dir); err == nil {
+		return
+	}
+	t.Cleanup(func() { _ = os.Remove(dir) })
 }
 
 func TestReleaseUnmountsRootfs(t *testing.T) {

@@ -16,10 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// containerTypeAnnotation is how containerd's CRI marks a pod's sandbox
-// (pause) container.
-const containerTypeAnnotation = "io.kubernetes.cri.container-type"
-
 // PauseName is argv[0] of a pod sandbox's process: the shim binary run as
 // a pause process.
 const PauseName = "vmshim-pause"
@@ -47,10 +43,34 @@ func RunPause(args []string) int {
 		}
 		f.Close()
 	}
+	// It needs no privilege to wait: it drops every one.
+	if err := dropToNobody(); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: drop privileges: %v\n", PauseName, err)
+		return 1
+	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, unix.SIGTERM, unix.SIGINT)
 	<-sig
 	return 0
+}
+
+// pauseID is the uid and gid a pause process waits as: nobody's.
+const pauseID = 65534
+
+// dropToNobody makes the process nobody's, with no groups and no
+// capabilities left (the kernel clears them when root's ids go), and sets
+// no_new_privs on the calling (main) thread.
+func dropToNobody() error {
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return err
+	}
+	if err := syscall.Setgroups(nil); err != nil {
+		return err
+	}
+	if err := syscall.Setresgid(pauseID, pauseID, pauseID); err != nil {
+		return err
+	}
+	return syscall.Setresuid(pauseID, pauseID, pauseID)
 }
 
 // sandboxVM stands in for a pod's sandbox container: no VM, only a pause

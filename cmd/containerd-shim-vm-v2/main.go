@@ -14,8 +14,10 @@ import (
 )
 
 func init() {
-	// A pod sandbox's pause process joins the pod's network namespace on
-	// the main thread, whose namespace /proc/PID/ns/net shows.
+	// The main goroutine keeps the main thread, whose state /proc/PID/*
+	// shows, to itself: a pod sandbox's pause process joins the pod's
+	// network namespace on it, and the shim never lends it to a goroutine
+	// that moves its thread (into a netns, or a jail for good).
 	runtime.LockOSThread()
 }
 
@@ -23,7 +25,6 @@ func main() {
 	if filepath.Base(os.Args[0]) == vmshim.PauseName {
 		os.Exit(vmshim.RunPause(os.Args[1:]))
 	}
-	runtime.UnlockOSThread()
 	vmshim.Register()
 	shim.RunShim(context.Background(), vmshim.NewManager(vmshim.RuntimeName), func(c *shim.Config) {
 		// QEMU is our direct child and exec.Cmd.Wait reaps it; a global

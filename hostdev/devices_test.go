@@ -1,4 +1,4 @@
-package config
+package hostdev
 
 import (
 	"errors"
@@ -54,17 +54,65 @@ var defaultDevices = []specs.LinuxDevice{
 	dev("/dev/console", "c", 5, 1), dev("/dev/ptmx", "c", 5, 2), dev("/dev/pts/0", "c", 136, 0),
 }
 
+func ptr[T any](v T) *T { return &v }
+
+// rule allows access to one device.
+func rule(typ string, major, minor int64, access string) specs.LinuxDeviceCgroup {
+	return specs.LinuxDeviceCgroup{Allow: true, Type: typ, Major: &major, Minor: &minor, Access: access}
+}
+
 func TestResolveDevices(t *testing.T) {
 	const gpu, audio, bridge = "0000:01:00.0", "0000:01:00.1", "0000:00:01.0"
 	tests := []struct {
 		name    string
 		sysfs   func(fakeSysfs)
 		devices []specs.LinuxDevice
+		rules   []specs.LinuxDeviceCgroup // the device cgroup
+		allowed bool                      // config privileged_devices
 		want    HostDevices
 		errIs   error  // nil = success
 		errHas  string // part of the error message
 	}{
 		{name: "no devices"},
+		{
+			name: "access from the device cgroup, last rule wins",
+			sysfs: func(s fakeSysfs) {
+				s.dev("block", "8:16", "sdb")
+				s.dev("block", "8:32", "sdc")
+				s.dev("block", "8:48", "sdd")
+			},
+			devices: []specs.LinuxDevice{
+				dev("/dev/ro", "b", 8, 16), dev("/dev/rw", "b", 8, 32), dev("/dev/none", "b", 8, 48),
+			},
+			rules: []specs.LinuxDeviceCgroup{
+				{Allow: false, Access: "rwm"},
+				rule("b", 8, 16, "r"),
+				rule("b", 8, 32, "rwm"),
+				rule("b", 8, 48, "rw"), {Allow: false, Type: "b", Major: ptr(int64(8)), Minor: ptr(int64(48)), Access: "r"},
+			},
+			want: HostDevices{
+				Block: []BlockDevice{
+					{HostPath: "/dev/sdb", ContainerPath: "/dev/ro", Major: 8, Minor: 16, ReadOnly: true},
+					{HostPath: "/dev/sdc", ContainerPath: "/dev/rw", Major: 8, Minor: 32},
+				},
+				Ignored: []string{"/dev/none"},
+			},
+		},
+		{
+			name:    "a privileged container gets no host block device or vfio group",
+			sysfs:   func(s fakeSysfs) { s.dev("block", "253:0", "vda") },
+			devices: append([]specs.LinuxDevice{dev("/dev/vda", "b", 253, 0), dev("/dev/vfio/7", "c", 243, 7)}, defaultDevices...),
+			rules:   []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}, {Allow: true, Access: "rwm"}},
+			want:    HostDevices{Ignored: []string{"/dev/vda", "/dev/vfio/7"}, Privileged: true},
+		},
+		{
+			name:    "privileged_devices lets them through",
+			sysfs:   func(s fakeSysfs) { s.dev("block", "253:0", "vda") },
+			devices: []specs.LinuxDevice{dev("/dev/vda", "b", 253, 0)},
+			rules:   []specs.LinuxDeviceCgroup{{Allow: true, Type: "a", Access: "rwm"}},
+			allowed: true,
+			want:    HostDevices{Block: []BlockDevice{{HostPath: "/dev/vda", ContainerPath: "/dev/vda", Major: 253, Minor: 0}}},
+		},
 		{
 			name:    "default devices are dropped quietly",
 			devices: defaultDevices,
@@ -76,15 +124,15 @@ func TestResolveDevices(t *testing.T) {
 				dev("/dev/xvda", "b", 8, 16), dev("/dev/null", "c", 1, 3), dev("/dev/data", "b", 253, 3),
 			},
 			want: HostDevices{Block: []BlockDevice{
-				{HostPath: "/dev/sdb", ContainerPath: "/dev/xvda"},
-				{HostPath: "/dev/dm-3", ContainerPath: "/dev/data"},
+				{HostPath: "/dev/sdb", ContainerPath: "/dev/xvda", Major: 8, Minor: 16},
+				{HostPath: "/dev/dm-3", ContainerPath: "/dev/data", Major: 253, Minor: 3},
 			}},
 		},
 		{
 			name:    "block device in a subdirectory",
 			sysfs:   func(s fakeSysfs) { s.dev("block", "259:1", "nvme/disk1") },
 			devices: []specs.LinuxDevice{dev("/dev/vol", "b", 259, 1)},
-			want:    HostDevices{Block: []BlockDevice{{HostPath: "/dev/nvme/disk1", ContainerPath: "/dev/vol"}}},
+			want:    HostDevices{Block: []BlockDevice{{HostPath: "/dev/nvme/disk1", ContainerPath: "/dev/vol", Major: 259, Minor: 1}}},
 		},
 		{
 			name:    "block device missing from sysfs",
@@ -128,7 +176,8 @@ func TestResolveDevices(t *testing.T) {
 				dev("/dev/vfio/7", "c", 243, 7),
 				dev("/dev/vfio/7", "c", 243, 7),
 			},
-			want: HostDevices{VFIO: []string{"0000:00:1f.6", gpu, audio}},
+			want: HostDevices{VFIO: []string{"0000:00:1f.6", gpu, audio},
+				VFIOGroups: []Node{{Path: "/dev/vfio/9", Major: 243, Minor: 9}, {Path: "/dev/vfio/7", Major: 243, Minor: 7}}},
 		},
 		{
 			name: "vfio group renamed in the container: sysfs names the host group",
@@ -137,7 +186,7 @@ func TestResolveDevices(t *testing.T) {
 				s.group("12", map[string]string{gpu: "0x030000"})
 			},
 			devices: []specs.LinuxDevice{dev("/dev/vfio/0", "c", 243, 0)},
-			want:    HostDevices{VFIO: []string{gpu}},
+			want:    HostDevices{VFIO: []string{gpu}, VFIOGroups: []Node{{Path: "/dev/vfio/12", Major: 243, Minor: 0}}},
 		},
 		{
 			name:    "vfio path on a device that is not a group",
@@ -177,7 +226,7 @@ func TestResolveDevices(t *testing.T) {
 			},
 			sysfs: func(s fakeSysfs) { s.dev("block", "1:3", "ram3") },
 			want: HostDevices{
-				Block:   []BlockDevice{{HostPath: "/dev/ram3", ContainerPath: "/dev/null"}},
+				Block:   []BlockDevice{{HostPath: "/dev/ram3", ContainerPath: "/dev/null", Major: 1, Minor: 3}},
 				Ignored: []string{"/dev/fuse", "/dev/qat_adf_ctl", "/dev/vfio/devices/vfio0", "/dev/vfio/x1", "/dev/fifo"},
 			},
 		},
@@ -189,7 +238,10 @@ func TestResolveDevices(t *testing.T) {
 				tt.sysfs(s)
 			}
 			spec := &specs.Spec{Linux: &specs.Linux{Devices: tt.devices}}
-			got, err := ResolveDevices(spec, s.root)
+			if tt.rules != nil {
+				spec.Linux.Resources = &specs.LinuxResources{Devices: tt.rules}
+			}
+			got, err := ResolveDevices(spec, s.root, tt.allowed)
 			if tt.errIs != nil {
 				if err == nil {
 					t.Fatalf("no error; got %+v", got)
@@ -214,7 +266,7 @@ func TestResolveDevices(t *testing.T) {
 
 func TestResolveDevicesNoLinux(t *testing.T) {
 	for _, spec := range []*specs.Spec{nil, {}} {
-		got, err := ResolveDevices(spec, t.TempDir())
+		got, err := ResolveDevices(spec, t.TempDir(), false)
 		if err != nil || !reflect.DeepEqual(got, HostDevices{}) {
 			t.Errorf("ResolveDevices(%+v) = %+v, %v", spec, got, err)
 		}
@@ -233,7 +285,7 @@ func TestResolveDevicesHostSysfs(t *testing.T) {
 	if _, err := fmt.Sscanf(entries[0].Name(), "%d:%d", &d.Major, &d.Minor); err != nil {
 		t.Fatal(err)
 	}
-	got, err := ResolveDevices(&specs.Spec{Linux: &specs.Linux{Devices: []specs.LinuxDevice{d}}}, "")
+	got, err := ResolveDevices(&specs.Spec{Linux: &specs.Linux{Devices: []specs.LinuxDevice{d}}}, "", false)
 	if err != nil {
 		t.Fatal(err)
 	}

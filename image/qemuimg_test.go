@@ -1,0 +1,266 @@
+package image
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/vmshim/vmshim/jail"
+)
+
+func init() {
+	// As the shim's main does: the main goroutine keeps the main thread,
+	// so no goroutine that enters a jail for good runs on it and wedges it
+	// there (/proc/self, the main thread's, would show the jail's mounts).
+	runtime.LockOSThread()
+}
+
+// The ids jailed qemu-img runs as in these tests, and a group that is
+// neither root's nor the jail's.
+const (
+	testJailID = 2000000
+	testGroup  = 2000001
+)
+
+// hostQEMUImg runs the host's qemu-img under prlimit, unjailed.
+func hostQEMUImg(t *testing.T) QEMUImg {
+	t.Helper()
+	return QEMUImg{Path: needQEMUImg(t), Prlimit: needProgram(t, "prlimit")}
+}
+
+// jailedQEMUImg runs the host's qemu-img under prlimit in a jail of the
+// test ids, as the shim does; it needs root.
+func jailedQEMUImg(t *testing.T) QEMUImg {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("a jail needs root")
+	}
+	q := hostQEMUImg(t)
+	for _, p := range []string{q.Path, q.Prlimit} {
+		if !jail.Shows(p) {
+			t.Skipf("%s is outside /usr, which is all a jail shows", p)
+		}
+	}
+	q.Jail = &jail.Jail{Root: filepath.Join(t.TempDir(), "jail"), UID: testJailID, GID: testJailID}
+	if err := os.Mkdir(q.Jail.Root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// needProgram finds name, resolved to the file it is, or skips the test.
+func needProgram(t *testing.T, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err == nil {
+		p, err = filepath.EvalSymlinks(p)
+	}
+	if err != nil {
+		t.Skipf("%s is not installed", name)
+	}
+	return p
+}
+
+// qemuImgModes are the ways the shim runs qemu-img.
+func qemuImgModes(t *testing.T) []struct {
+	name string
+	q    func(t *testing.T) QEMUImg
+} {
+	return []struct {
+		name string
+		q    func(t *testing.T) QEMUImg
+	}{{"host", hostQEMUImg}, {"jail", jailedQEMUImg}}
+}
+
+// TestQEMUImgLimits checks the program run as qemu-img runs under the
+// limits, and, jailed, as the jail's ids. A shell stands in for qemu-img
+// (the jail shows only /usr, so no test script can run there) and reports
+// its limits as ulimit reads them: CPU seconds, address space KiB, core
+// blocks.
+func TestQEMUImgLimits(t *testing.T) {
+	sh := needProgram(t, "sh")
+	if !jail.Shows(sh) {
+		t.Skipf("%s is outside /usr", sh)
+	}
+	limits := []string{strconv.Itoa(int(QEMUImgCPUTime.Seconds())), strconv.Itoa(QEMUImgAddressSpace >> 10), "0"}
+	for _, m := range qemuImgModes(t) {
+		t.Run(m.name, func(t *testing.T) {
+			q := m.q(t)
+			q.Path = sh
+			res, err := q.run(context.Background(), nil, nil, "-c", "ulimit -t; ulimit -v; ulimit -c; ulimit -H -t; ulimit -H -v; ulimit -H -c; id -u")
+			if err != nil || res.code != 0 {
+				t.Fatalf("run() = %+v, %v", res, err)
+			}
+			uid := os.Geteuid()
+			if q.Jail != nil {
+				uid = testJailID
+			}
+			want := append(append(append([]string(nil), limits...), limits...), strconv.Itoa(uid))
+			if got := strings.Fields(string(res.stdout)); !reflect.DeepEqual(got, want) {
+				t.Errorf("soft limits, hard limits, uid = %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// TestQEMUImgArgv checks what prlimit is asked to run: the limits, then
+// "--" so that nothing after it reads as prlimit's option, qemu-img and
+// its arguments, with the disk passed open as an inherited fd.
+func TestQEMUImgArgv(t *testing.T) {
+	dir := t.TempDir()
+	argsFile := filepath.Join(dir, "args")
+	fake := filepath.Join(dir, "prlimit")
+	script := "#!/bin/sh\nprintf '%s\\n' \"$@\" > " + argsFile + "\nexit 1\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	root, disk := diskRoot(t, "vm.qcow2")
+	if err := os.WriteFile(disk, []byte(qcow2Header), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := Find(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	q := QEMUImg{Path: "/usr/bin/qemu-img", Prlimit: fake}
+	if _, err := Inspect(context.Background(), q, b, Limits{}); err == nil {
+		t.Fatal("Inspect() with a failing qemu-img succeeded")
+	}
+	data, err := os.ReadFile(argsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"--cpu=30", "--as=1073741824", "--core=0", "--", "/usr/bin/qemu-img", "info", "--output=json", "-f", "qcow2", "/dev/fd/3"}
+	if got := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n"); !reflect.DeepEqual(got, want) {
+		t.Errorf("prlimit argv = %q, want %q", got, want)
+	}
+}
+
+// TestQEMUImgKilled checks a qemu-img killed by a signal, as the kernel
+// kills one past its CPU limit (SIGXCPU, then SIGKILL), fails the call
+// with a message that says so. The real limit takes 30s of CPU to hit;
+// the fake qemu-img signals itself.
+func TestQEMUImgKilled(t *testing.T) {
+	q := QEMUImg{Prlimit: needProgram(t, "prlimit")}
+	for _, sig := range []string{"XCPU", "KILL", "SEGV"} {
+		t.Run(sig, func(t *testing.T) {
+			dir := t.TempDir()
+			q.Path = filepath.Join(dir, "qemu-img")
+			script := "#!/bin/sh\necho 'qemu-img: spinning' >&2\nkill -" + sig + " $$\n"
+			if err := os.WriteFile(q.Path, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			root, disk := diskRoot(t, "vm.qcow2")
+			if err := os.WriteFile(disk, []byte(qcow2Header), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			b, err := Find(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			_, err = Inspect(context.Background(), q, b, Limits{})
+			want := "disk /disk/vm.qcow2: qemu-img info was killed ("
+			if err == nil || !strings.HasPrefix(err.Error(), want) || !errdefs.IsFailedPrecondition(err) {
+				t.Fatalf("Inspect() error = %v, want failed precondition %q...", err, want)
+			}
+			if !strings.Contains(err.Error(), "it may use 30s of CPU and 1Gi of address space: spinning") {
+				t.Errorf("Inspect() error = %q, want the limits and qemu-img's message", err)
+			}
+
+			f, err := os.Create(filepath.Join(dir, "overlay.qcow2"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			err = CreateOverlay(context.Background(), q, f, FormatQCOW2, 1<<20, 0)
+			want = "overlay " + f.Name() + ": qemu-img create was killed ("
+			if err == nil || !strings.HasPrefix(err.Error(), want) || !errdefs.IsFailedPrecondition(err) {
+				t.Fatalf("CreateOverlay() error = %v, want failed precondition %q...", err, want)
+			}
+		})
+	}
+}
+
+// TestInspectJailedReadable checks the modes a jailed qemu-img can read a
+// disk with: readable by others, or by a group other than root's, which
+// the jailed qemu-img then holds; a disk only its owner or root's group
+// may read is refused before qemu-img runs, in one line that says why.
+func TestInspectJailedReadable(t *testing.T) {
+	q := jailedQEMUImg(t)
+	tests := []struct {
+		name    string
+		mode    os.FileMode
+		gid     int
+		wantErr string // "" = accepted
+	}{
+		{"readable by others", 0o444, 0, ""},
+		{"readable by others only", 0o404, testGroup, ""},
+		{"readable by a non-root group", 0o440, testGroup, ""},
+		{"kubevirt containerdisk", 0o440, 107, ""},
+		{"owner only", 0o400, 0, "disk /disk/vm.qcow2: mode 0400, owner 0:0: vmshim checks images as an unprivileged user, which cannot read it; make the file readable by others, or by a group other than root's"},
+		{"owner only, any group", 0o600, testGroup, "disk /disk/vm.qcow2: mode 0600, owner 0:2000001: vmshim checks images"},
+		{"root's group only", 0o440, 0, "disk /disk/vm.qcow2: mode 0440, owner 0:0: vmshim checks images"},
+		{"nobody", 0o000, testGroup, "disk /disk/vm.qcow2: mode 0000, owner 0:2000001: vmshim checks images"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root, disk := diskRoot(t, "vm.qcow2")
+			qemuImgRun(t, "create", "-q", "-f", "qcow2", disk, "1M")
+			if err := os.Chown(disk, 0, tc.gid); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(disk, tc.mode); err != nil {
+				t.Fatal(err)
+			}
+			b, err := Find(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			info, err := Inspect(context.Background(), q, b, Limits{})
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Inspect() error = %v", err)
+				}
+				if info.Format != FormatQCOW2 || info.VirtualSize != 1<<20 {
+					t.Fatalf("Inspect() = %+v", *info)
+				}
+				return
+			}
+			if err == nil || !strings.HasPrefix(err.Error(), tc.wantErr) || !errdefs.IsInvalidArgument(err) {
+				t.Fatalf("Inspect() error = %v, want invalid argument %q", err, tc.wantErr)
+			}
+			if strings.Contains(err.Error(), "\n") || strings.Contains(err.Error(), root) {
+				t.Fatalf("Inspect() error is not one line naming rootfs paths: %q", err)
+			}
+		})
+	}
+}
+
+// TestInspectUnjailedReadable checks the mode rules are the jail's: an
+// unjailed qemu-img runs as the shim, which reads any disk.
+func TestInspectUnjailedReadable(t *testing.T) {
+	root, disk := diskRoot(t, "vm.qcow2")
+	qemuImgRun(t, "create", "-q", "-f", "qcow2", disk, "1M")
+	if err := os.Chmod(disk, 0o400); err != nil {
+		t.Fatal(err)
+	}
+	b, err := Find(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := Inspect(context.Background(), hostQEMUImg(t), b, Limits{}); err != nil {
+		t.Fatalf("Inspect() error = %v", err)
+	}
+}

@@ -1,0 +1,533 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/vmshim/vmshim/config"
+	"github.com/vmshim/vmshim/hostdev"
+	"github.com/vmshim/vmshim/image"
+	"github.com/vmshim/vmshim/jail"
+	"github.com/vmshim/vmshim/network"
+	"github.com/vmshim/vmshim/qemu"
+)
+
+// launch is one Create on its way through Launch's steps: what the steps
+// have resolved, opened and made so far. Everything made on the host is
+// named in rec before it is made, so rollback (and the delete action after
+// a crash) undoes it through rec.release; the files it opened are closed
+// once QEMU holds its own copies.
+type launch struct {
+	launcher *qemuLauncher
+	r        *CreateRequest
+	cfg      config.Config
+	spec     *specs.Spec
+	ns       string
+	logger   *log.Entry
+
+	desc     *config.VM
+	rec      *record
+	filesDir *image.FilesDir // the VM's files directory in the rootfs, once made
+	release  func()          // gives the pod's VM slot back
+	boot     *image.Boot
+	rootDir  string // the rootfs the image is in
+	img      image.QEMUImg
+	binary   string // QEMU, an absolute path
+	mounts   []image.CloudMount
+	console  net.Conn
+	nsPath   string
+	hooks    *ociHooks
+	netw     *network.Network
+	limits   *cgroupLimits
+	j        *jail.Jail     // nil when config jail is off
+	vfio     []hostdev.Node // the VFIO group nodes QEMU opens
+	vm       *qemuVM
+
+	qs    qemu.Spec
+	fds   qemu.FDSet
+	sets  int        // fd sets filed so far
+	files []*os.File // closed once QEMU has started
+}
+
+// note changes the task record and writes it to the bundle, before the
+// resource it names is made.
+func (c *launch) note(change func(*record)) error {
+	change(c.rec)
+	return c.rec.save()
+}
+
+// keep has f closed once QEMU has started, or the launch failed.
+func (c *launch) keep(f *os.File) *os.File {
+	c.files = append(c.files, f)
+	return f
+}
+
+// fdSet passes f to QEMU in an fd set of its own and returns the path
+// QEMU opens it by.
+func (c *launch) fdSet(f *os.File) string {
+	set := c.sets
+	c.sets++
+	c.qs.FDSets = append(c.qs.FDSets, qemu.AddFD{Set: set, FD: c.fds.Add(f)})
+	return qemu.FDSetPath(set)
+}
+
+// inJail makes f visible to QEMU: bound at target in the jail, or, with
+// no jail, passed as an fd QEMU opens through /proc. It returns the path
+// QEMU opens.
+func (c *launch) inJail(f *os.File, target string) string {
+	if c.j != nil {
+		c.j.Binds = append(c.j.Binds, jail.Bind{Target: target, File: f, ReadOnly: true})
+		return target
+	}
+	return "/proc/self/fd/" + strconv.Itoa(c.fds.Add(f))
+}
+
+func (c *launch) closeFiles() {
+	for _, f := range c.files {
+		f.Close()
+	}
+	c.files = nil
+	if c.boot != nil {
+		c.boot.Close()
+	}
+	if c.filesDir != nil {
+		c.filesDir.Close()
+	}
+}
+
+// rollback undoes what the steps made, newest first.
+func (c *launch) rollback(ctx context.Context) {
+	if c.console != nil {
+		c.console.Close()
+	}
+	if c.netw != nil {
+		if err := c.netw.Teardown(ctx); err != nil {
+			c.logger.WithError(err).Warn("undo pod network")
+		}
+	}
+	if c.rec != nil {
+		c.rec.release(ctx)
+	}
+	if c.release != nil {
+		c.release()
+	}
+}
+
+// resolve turns the config, the spec and its annotations into the VM's
+// description, and finds the programs it needs.
+func (c *launch) resolve(ctx context.Context) error {
+	var err error
+	if c.desc, err = config.Resolve(c.cfg, c.r.ID, c.spec); err != nil {
+		return err
+	}
+	if err := newOCIHooks(c.r.ID, c.r.Bundle, c.spec, "").check(); err != nil {
+		return err
+	}
+	if c.binary, err = program("config qemu_binary", c.cfg.QEMUBinary); err != nil {
+		return err
+	}
+	if c.img.Path, err = program("config qemu_img", c.cfg.QEMUImg); err != nil {
+		return err
+	}
+	c.img.Prlimit, err = program("util-linux", "prlimit")
+	return err
+}
+
+// program finds a command (what names where it comes from: a config
+// key); the jails show only /usr, so it must be there.
+func program(what, name string) (string, error) {
+	p, err := exec.LookPath(name)
+	if err == nil {
+		p, err = filepath.EvalSymlinks(p)
+	}
+	if err != nil {
+		return "", fmt.Errorf("%s: %q not found: %w", what, name, errdefs.ErrFailedPrecondition)
+	}
+	if !jail.Shows(p) {
+		return "", fmt.Errorf("%s: %s is outside /usr, the only host directory the VM's jail shows: %w", what, p, errdefs.ErrFailedPrecondition)
+	}
+	return p, nil
+}
+
+// claimPod makes this container the pod's one VM.
+func (c *launch) claimPod(context.Context) error {
+	release, err := c.launcher.claimPod(c.spec.Annotations[sandboxIDAnnotation], c.r.ID)
+	c.release = release
+	return err
+}
+
+// record starts the task record, claims the VM's jail ids and makes its
+// runtime directory.
+func (c *launch) record(context.Context) error {
+	c.rec = &record{ID: c.r.ID, Bundle: c.r.Bundle, RuntimeDir: runtimeDir(c.ns, c.r.ID)}
+	owner := c.ns + "/" + c.r.ID
+	if err := c.note(func(r *record) { r.JailOwner = owner }); err != nil {
+		return err
+	}
+	id, err := jail.Claim(idsDir, c.cfg.JailIDRange(), owner)
+	if err != nil {
+		return fmt.Errorf("config jail_ids: %w", err)
+	}
+	if err := c.note(func(r *record) { r.JailID = id }); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(c.rec.RuntimeDir, 0o700); err != nil {
+		return fmt.Errorf("create runtime dir: %w", err)
+	}
+	c.img.Jail = c.newJail("img")
+	return os.Mkdir(c.img.Jail.Root, 0o700)
+}
+
+// newJail describes a jail of the VM's ids rooted at name in the runtime
+// directory.
+func (c *launch) newJail(name string) *jail.Jail {
+	return &jail.Jail{Root: filepath.Join(c.rec.RuntimeDir, name), UID: c.rec.JailID, GID: c.rec.JailID}
+}
+
+// rootfs mounts the container's rootfs, when containerd has not, and
+// finds the VM in it, its files open.
+func (c *launch) rootfs(context.Context) error {
+	c.rootDir = filepath.Join(c.r.Bundle, "rootfs")
+	if len(c.r.Rootfs) > 0 {
+		if err := c.note(func(r *record) { r.Rootfs = c.rootDir }); err != nil {
+			return err
+		}
+		if err := mount.All(c.r.Rootfs, c.rootDir); err != nil {
+			return fmt.Errorf("mount rootfs: %w", err)
+		}
+	}
+	var err error
+	c.boot, err = image.Find(c.rootDir)
+	return err
+}
+
+// disks checks the image's disk and makes the root overlay over it, or
+// takes the kernel and initrd for a direct boot.
+func (c *launch) disks(ctx context.Context) error {
+	if c.boot.Disk == "" {
+		c.qs.Append = c.desc.KernelCmdline // the jail step passes the kernel
+		return nil
+	}
+	info, err := image.Inspect(ctx, c.img, c.boot, image.Limits{MaxVirtualSize: c.cfg.MaxDiskBytes()})
+	if err != nil {
+		return err
+	}
+	if c.desc.RootDiskSize > 0 && c.desc.RootDiskSize < info.VirtualSize {
+		return fmt.Errorf("annotation %s: %d bytes is smaller than the image's disk %s (%d bytes); disks can only grow: %w",
+			config.AnnotationRootDiskSize, c.desc.RootDiskSize, c.boot.InImage(c.boot.Disk), info.VirtualSize, errdefs.ErrInvalidArgument)
+	}
+	overlay, err := c.create(image.OverlayName)
+	if err != nil {
+		return err
+	}
+	if err := image.CreateOverlay(ctx, c.img, overlay, c.boot.Format, info.VirtualSize, c.desc.RootDiskSize); err != nil {
+		return err
+	}
+	c.qs.Drives = append(c.qs.Drives, qemu.Drive{
+		ID: "root", Path: c.fdSet(overlay), Format: qemu.FormatQCOW2,
+		BackingPath: c.fdSet(c.boot.DiskFile), BackingFormat: c.boot.Format,
+		Driver: c.desc.DiskDriver, BootIndex: 1,
+	})
+	return nil
+}
+
+// create makes a file in the VM's files directory of the rootfs, making
+// the directory first; the record names the directory once it is the
+// shim's, so only what this create made is ever removed.
+func (c *launch) create(name string) (*os.File, error) {
+	if c.filesDir == nil {
+		dir, err := image.MakeFilesDir(c.rootDir)
+		if err != nil {
+			return nil, err
+		}
+		c.filesDir = dir
+		if err := c.note(func(r *record) { r.VMFiles = c.rootDir }); err != nil {
+			return nil, err
+		}
+	}
+	f, err := c.filesDir.Create(name)
+	if err != nil {
+		return nil, err
+	}
+	return c.keep(f), nil
+}
+
+// hostDevices opens the block devices the container was given, with the
+// access it was given, as extra disks, and adds its VFIO functions.
+func (c *launch) hostDevices(ctx context.Context) error {
+	devs, err := hostdev.ResolveDevices(c.spec, sysfsRoot, c.cfg.PrivilegedDevices)
+	if err != nil {
+		return err
+	}
+	for i, b := range devs.Block {
+		f, err := openBlockDevice(b)
+		if err != nil {
+			return err
+		}
+		c.qs.Drives = append(c.qs.Drives, qemu.Drive{
+			ID: fmt.Sprintf("blk%d", i), Path: c.fdSet(c.keep(f)), Format: qemu.FormatRaw,
+			HostDevice: true, ReadOnly: b.ReadOnly, Driver: c.desc.DiskDriver,
+		})
+	}
+	c.qs.VFIO, c.vfio = devs.VFIO, devs.VFIOGroups
+	switch {
+	case devs.Privileged:
+		c.logger.WithField("devices", strings.Join(devs.Ignored, " ")).Warn("privileged container: its host devices are not given to the vm (config privileged_devices)")
+	case len(devs.Ignored) > 0:
+		c.logger.WithField("devices", strings.Join(devs.Ignored, " ")).Info("devices not given to the vm")
+	}
+	return nil
+}
+
+// openBlockDevice opens a container's block device with its access and
+// checks the node is the device the spec names.
+func openBlockDevice(b hostdev.BlockDevice) (*os.File, error) {
+	flags := os.O_RDWR
+	if b.ReadOnly {
+		flags = os.O_RDONLY
+	}
+	f, err := os.OpenFile(b.HostPath, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("device %s: %w", b.ContainerPath, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK ||
+		int64(unix.Major(st.Rdev)) != b.Major || int64(unix.Minor(st.Rdev)) != b.Minor {
+		f.Close()
+		return nil, fmt.Errorf("device %s: %s is not block device %d:%d: %w", b.ContainerPath, b.HostPath, b.Major, b.Minor, errdefs.ErrFailedPrecondition)
+	}
+	return f, nil
+}
+
+// shares exposes the container's volumes to the guest over virtio-9p.
+func (c *launch) shares(ctx context.Context) error {
+	c.mounts = shares(ctx, c.spec, &c.qs)
+	return nil
+}
+
+// network wires the VM's network namespace: the console, the namespace
+// (made when the spec asks for a new one), the create hooks, a CNI
+// network, and one NIC per CNI interface.
+func (c *launch) network(ctx context.Context) error {
+	guestEnd, shimEnd, err := consolePair()
+	if err != nil {
+		return err
+	}
+	c.keep(guestEnd)
+	c.console = shimEnd
+	c.qs.ConsoleFD = c.fds.Add(guestEnd)
+	if c.nsPath, err = c.launcher.vmNetns(ctx, c.ns, c.r.ID, c.spec, c.rec); err != nil {
+		return err
+	}
+	c.hooks = newOCIHooks(c.r.ID, c.r.Bundle, c.spec, c.nsPath)
+	if c.hooks.any() {
+		// From here on, poststop hooks run whatever happens, as the
+		// runtime spec asks of a failed create too.
+		if err := c.note(func(r *record) { r.Poststop, r.HookNetns = true, c.nsPath }); err != nil {
+			return err
+		}
+		if err := c.hooks.create(ctx); err != nil {
+			return err
+		}
+	}
+	if c.rec.Netns != "" && c.cfg.CNINetwork != "" {
+		if err := attachCNI(ctx, c.cfg, c.ns, c.r.ID, c.rec); err != nil {
+			return err
+		}
+	}
+	if c.nsPath == "" {
+		return nil
+	}
+	c.netw, err = network.Setup(ctx, c.nsPath, network.Options{
+		Hostname: hostname(c.spec), ResolvConf: podResolvConf(c.spec), Logger: c.logger,
+		Record: func(st *network.State) error {
+			return c.note(func(r *record) { r.Network = st })
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("pod network: %w", err)
+	}
+	for i, nic := range c.netw.NICs() {
+		c.qs.NICs = append(c.qs.NICs, qemu.NIC{ID: fmt.Sprintf("net%d", i), TapFD: c.fds.Add(nic.Tap), MAC: nic.MAC.String()})
+	}
+	return nil
+}
+
+// seed writes the cloud-init seed into the VM's files directory.
+func (c *launch) seed(context.Context) error {
+	var nics []network.NIC
+	if c.netw != nil {
+		nics = c.netw.NICs()
+	}
+	files, err := cloudInitFiles(c.ns, c.spec, c.desc, c.mounts, nics)
+	if err != nil {
+		return err
+	}
+	f, err := c.create(image.SeedName)
+	if err != nil {
+		return err
+	}
+	if err := image.WriteSeed(f, files); err != nil {
+		return fmt.Errorf("cloud-init seed: %w", err)
+	}
+	// QEMU opens the seed read-only: it needs a read-only fd of it.
+	ro, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("cloud-init seed: %w", err)
+	}
+	c.qs.Drives = append(c.qs.Drives, qemu.Drive{ID: "seed", Path: c.fdSet(c.keep(ro)), Format: qemu.FormatRaw, ReadOnly: true, Driver: config.DiskDriverVirtioBlk})
+	return nil
+}
+
+// cgroup makes the VM's cgroup, sized guest RAM plus overhead.
+func (c *launch) cgroup(ctx context.Context) error {
+	c.limits = &cgroupLimits{guest: int64(c.desc.MemoryMiB) << 20, overhead: c.cfg.MemoryOverheadBytes(), memLimit: specMemoryLimit(c.spec)}
+	return c.limits.create(ctx, c.spec, c.rec)
+}
+
+// jail describes QEMU's jail, unless config jail is off: the VM's ids and
+// the container's non-zero groups (so volumes shared with the pod's group
+// work), the kernel, initrd and shares bound in, and the device nodes
+// QEMU opens itself (/dev/kvm, VFIO).
+func (c *launch) jail(ctx context.Context) (err error) {
+	if c.cfg.Jail {
+		c.j = c.newJail("root")
+		c.j.Groups = containerGroups(c.spec)
+		if err := os.Mkdir(c.j.Root, 0o700); err != nil {
+			return fmt.Errorf("jail: %w", err)
+		}
+	}
+	if c.boot.KernelFile != nil {
+		c.qs.Kernel = c.inJail(c.boot.KernelFile, jail.VMDir+"/kernel")
+		if c.boot.InitrdFile != nil {
+			c.qs.Initrd = c.inJail(c.boot.InitrdFile, jail.VMDir+"/initrd")
+		}
+	}
+	if c.j == nil {
+		return nil
+	}
+	for i := range c.qs.Shares {
+		sh := &c.qs.Shares[i]
+		target := fmt.Sprintf("%s/share/%d", jail.VMDir, i)
+		c.j.Binds = append(c.j.Binds, jail.Bind{Target: target, Source: sh.Path, ReadOnly: sh.ReadOnly})
+		sh.Path = target
+	}
+	if c.qs.Accel, err = c.launcher.accel(ctx, c.cfg.Accel, c.binary); err != nil {
+		return err
+	}
+	var nodes []string
+	if c.qs.Accel == qemu.AccelKVM {
+		nodes = append(nodes, "/dev/kvm")
+	}
+	if len(c.qs.VFIO) > 0 {
+		c.j.Sysfs = true
+		nodes = append(nodes, "/dev/vfio/vfio")
+		for _, g := range c.vfio {
+			c.j.Devices = append(c.j.Devices, jail.Device{Path: g.Path, Major: uint32(g.Major), Minor: uint32(g.Minor)})
+		}
+	}
+	for _, n := range nodes {
+		var st unix.Stat_t
+		if err := unix.Stat(n, &st); err != nil {
+			return fmt.Errorf("jail: device %s: %w", n, err)
+		}
+		c.j.Devices = append(c.j.Devices, jail.Device{Path: n, Major: unix.Major(st.Rdev), Minor: unix.Minor(st.Rdev)})
+	}
+	return nil
+}
+
+// containerGroups are the container's groups other than root's.
+func containerGroups(spec *specs.Spec) []uint32 {
+	if spec.Process == nil {
+		return nil
+	}
+	var out []uint32
+	for _, g := range append([]uint32{spec.Process.User.GID}, spec.Process.User.AdditionalGids...) {
+		if g != 0 && !containsID(out, g) {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+func containsID(ids []uint32, id uint32) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+// qemu starts QEMU paused, in the VM's cgroup, network namespace and jail,
+// with its QMP and agent sockets as listening fds.
+func (c *launch) qemu(ctx context.Context) (err error) {
+	c.qs.Name, c.qs.CPUs, c.qs.MemoryMiB = c.r.ID, c.desc.VCPUs, c.desc.MemoryMiB
+	c.qs.Sandbox, c.qs.Paused = c.cfg.Sandbox, true
+	if c.qs.Accel == "" {
+		if c.qs.Accel, err = c.launcher.accel(ctx, c.cfg.Accel, c.binary); err != nil {
+			return err
+		}
+	}
+	c.qs.QMPSocket = filepath.Join(c.rec.RuntimeDir, "qmp.sock")
+	// Exec runs through qemu-guest-agent; a guest without one simply
+	// never opens the port.
+	c.qs.AgentSocket = filepath.Join(c.rec.RuntimeDir, "agent.sock")
+	for _, l := range []struct {
+		path string
+		fd   *int
+	}{{c.qs.QMPSocket, &c.qs.QMPFD}, {c.qs.AgentSocket, &c.qs.AgentFD}} {
+		f, err := qemu.Listen(l.path)
+		if err != nil {
+			return err
+		}
+		*l.fd = c.fds.Add(c.keep(f))
+	}
+	steps := netnsSteps(c.nsPath)
+	if c.j != nil {
+		steps = append(steps, c.j.Enter)
+	}
+	bootCtx, cancel := context.WithTimeout(ctx, c.desc.BootTimeout)
+	defer cancel()
+	stderr := c.logger.WriterLevel(logrus.WarnLevel)
+	vm, err := qemu.Launch(bootCtx, qemu.LaunchConfig{
+		Binary: c.binary, Spec: c.qs, Files: c.fds.Files(), Stderr: stderr, Dir: c.rec.RuntimeDir,
+		// QEMU starts in the VM's cgroup: all it allocates, the kernel
+		// it loads into guest RAM included, is charged there. It runs in
+		// the VM's network namespace, where /proc/PID/ns/net leads
+		// tools such as `nerdctl inspect` and `nsenter -t PID -n`.
+		Start: func(cmd *exec.Cmd) error {
+			if c.j != nil {
+				c.j.Apply(cmd)
+			}
+			return c.limits.start(cmd, steps...)
+		},
+	})
+	if err != nil {
+		stderr.Close()
+		return fmt.Errorf("start vm %s: %w", c.r.ID, err)
+	}
+	pidStart, _ := processStart(vm.Pid())
+	if err := c.note(func(r *record) { r.Pid, r.PidStart = vm.Pid(), pidStart }); err != nil {
+		_ = vm.Kill()
+		<-vm.Done()
+		stderr.Close()
+		return err
+	}
+	c.vm = &qemuVM{VM: vm, cgroupLimits: c.limits, console: c.console, rec: c.rec, stderr: stderr, network: c.netw, hooks: c.hooks, onRelease: c.release}
+	return nil
+}
