@@ -51,10 +51,24 @@ func CreateOverlay(ctx context.Context, q QEMUImg, overlay *os.File, baseFormat 
 	}
 	if res.code != 0 {
 		// qemu-img names the overlay again; say it once.
-		return preconditionf("overlay %s: qemu-img create: %s", name, message(strings.ReplaceAll(res.stderr, name+": ", ""), ""))
+		return preconditionf("overlay %s: qemu-img create: %s", name, message(dropDeleteErrors(strings.ReplaceAll(res.stderr, name+": ", "")), ""))
 	}
 	if fi, err := overlay.Stat(); err != nil || fi.Size() == 0 {
 		return preconditionf("overlay %s: qemu-img create reported success but wrote nothing", name)
 	}
 	return nil
+}
+
+// dropDeleteErrors drops the lines in which qemu-img says it could not
+// remove the file it failed to create: the overlay is the shim's, removed
+// with the VM's files directory, and in the jail it is a mount point that
+// qemu-img cannot remove. Left in, that line would hide the cause.
+func dropDeleteErrors(stderr string) string {
+	var keep []string
+	for _, l := range strings.Split(stderr, "\n") {
+		if !strings.Contains(l, "Error when deleting file") {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
 }

@@ -179,7 +179,10 @@ func TestCreateOverlayRefuses(t *testing.T) {
 func TestCreateOverlayCleansUp(t *testing.T) {
 	dir := t.TempDir()
 	fake := filepath.Join(dir, "qemu-img")
-	script := "#!/bin/sh\nfor a; do prev2=$prev; prev=$a; done\necho partial > \"$prev2\"\necho 'qemu-img: disk full' >&2\nexit 1\n"
+	// As the jailed qemu-img does: the cause, then its failure to remove
+	// the file (a mount point in a read-only root), which says nothing.
+	script := "#!/bin/sh\nfor a; do prev2=$prev; prev=$a; done\necho partial > \"$prev2\"\necho 'qemu-img: disk full' >&2\n" +
+		"echo \"qemu-img: $prev2: Error when deleting file $prev2: Read-only file system\" >&2\nexit 1\n"
 	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
