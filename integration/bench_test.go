@@ -129,6 +129,18 @@ func benchStarts(ctx context.Context, t *testing.T, c *cri, runs int, r *benchRe
 			r.Start = append(r.Start, start)
 		}
 	}
+	// The same starts with config jail = false: what the jail costs.
+	for i := 0; i < runs; i++ {
+		v, err := bootBenchVM(ctx, t, c, fmt.Sprintf("bench-nojail-%d", i), noJailHandler, imageKernelWait, nil, markerBooted, benchMarkUptime)
+		if err != nil {
+			t.Errorf("start pod without the jail: %v", err)
+			continue
+		}
+		r.StartNoJail = append(r.StartNoJail, v.startSample())
+		if _, err := v.teardown(ctx, t, 0); err != nil {
+			t.Errorf("teardown: %v", err)
+		}
+	}
 	return argv
 }
 
@@ -181,7 +193,7 @@ func bootBenchVM(ctx context.Context, t *testing.T, c *cri, name, handler, image
 	if v.start1 = time.Now(); err != nil {
 		return nil, fmt.Errorf("start container in %s: %w", name, err)
 	}
-	if handler == runtimeHandler { // the CRI creates the task, and so QEMU, in StartContainer
+	if handler == runtimeHandler || handler == noJailHandler { // the CRI creates the task, and so QEMU, in StartContainer
 		if v.qemuPid, err = pidOf("guest=" + v.ct.id); err == nil {
 			v.qemuStart, err = processStart(v.qemuPid)
 		}
@@ -321,13 +333,19 @@ func benchDensity(ctx context.Context, t *testing.T, c *cri, n int) densityPoint
 }
 
 // bareArgv derives, from the argv of a QEMU the shim started, an argv
-// that boots the same guest with no passed fd, QMP monitor, NIC or -S:
-// the console goes to stdout; the files it names are copied to dir, and
-// its sockets placed there.
+// that boots the same guest with no passed fd, QMP monitor, NIC, jail or
+// -S: the console goes to stdout; the files it names (in its jail, or in
+// fd sets) are copied to dir, and its sockets placed there.
 func bareArgv(pid int, dir string) ([]string, error) {
 	argv, err := procCmdline(pid)
 	if err != nil {
 		return nil, err
+	}
+	fdOfSet := map[string]string{} // "/dev/fdset/N" → the fd of set N
+	for i := 1; i+1 < len(argv); i++ {
+		if argv[i] == "-add-fd" {
+			fdOfSet[qemu.FDSetPath(atoiOr(optValue(argv[i+1], "set")))] = optValue(argv[i+1], "fd")
+		}
 	}
 	out := []string{argv[0]}
 	for i := 1; i < len(argv); i++ {
@@ -344,11 +362,19 @@ func bareArgv(pid int, dir string) ([]string, error) {
 			continue
 		case flag == "-chardev" && id == qemu.ConsoleChardev:
 			val = "stdio,id=" + id + ",signal=off"
+		case flag == "-chardev" && optValue(val, "fd") != "":
+			val = "socket,id=" + id + ",path=" + filepath.Join(dir, id+".sock") + ",server=on,wait=off"
 		}
 		for _, p := range hostPath.FindAllString(val, -1) {
-			dst := filepath.Join(dir, filepath.Base(p))
-			if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
-				data, err := os.ReadFile(p)
+			src := p
+			if fd, ok := fdOfSet[p]; ok {
+				src = fmt.Sprintf("/proc/%d/fd/%s", pid, fd)
+			} else if _, err := os.Stat(fmt.Sprintf("/proc/%d/root%s", pid, p)); err == nil {
+				src = fmt.Sprintf("/proc/%d/root%s", pid, p) // in QEMU's jail
+			}
+			dst := filepath.Join(dir, strings.ReplaceAll(strings.TrimPrefix(p, "/"), "/", "-"))
+			if st, err := os.Stat(src); err == nil && st.Mode().IsRegular() {
+				data, err := os.ReadFile(src)
 				if err == nil {
 					err = os.WriteFile(dst, data, 0o600)
 				}
@@ -363,6 +389,15 @@ func bareArgv(pid int, dir string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// atoiOr is the number s holds, or -1.
+func atoiOr(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return -1
+	}
+	return n
 }
 
 // hostPath matches the absolute paths in a QEMU argument.

@@ -99,18 +99,20 @@ type tableRow struct {
 
 // benchReport is everything TestBench measured; bench.json holds it.
 type benchReport struct {
-	Machine   map[string]string `json:"machine"`
-	Runs      int               `json:"runs"`
-	Start     []startSample     `json:"start"`
-	BareArgv  []string          `json:"bare_qemu_argv"`
-	PodMemory []podMemory       `json:"pod_memory"`
-	RuncShim  *rollup           `json:"runc_shim,omitempty"`
-	RuncNote  string            `json:"runc_note,omitempty"`
-	Graceful  []teardownSample  `json:"teardown_graceful"`
-	Forced    []teardownSample  `json:"teardown_forced"`
-	Density   []densityPoint    `json:"density"`
-	Seconds   float64           `json:"duration_s"`
-	Summary   []tableRow        `json:"summary"`
+	Machine map[string]string `json:"machine"`
+	Runs    int               `json:"runs"`
+	Start   []startSample     `json:"start"`
+	// StartNoJail are starts with config jail = false, for the jail's cost.
+	StartNoJail []startSample    `json:"start_no_jail"`
+	BareArgv    []string         `json:"bare_qemu_argv"`
+	PodMemory   []podMemory      `json:"pod_memory"`
+	RuncShim    *rollup          `json:"runc_shim,omitempty"`
+	RuncNote    string           `json:"runc_note,omitempty"`
+	Graceful    []teardownSample `json:"teardown_graceful"`
+	Forced      []teardownSample `json:"teardown_forced"`
+	Density     []densityPoint   `json:"density"`
+	Seconds     float64          `json:"duration_s"`
+	Summary     []tableRow       `json:"summary"`
 }
 
 // newBenchReport starts a report with what describes the machine.
@@ -176,6 +178,12 @@ func (r *benchReport) rows() []tableRow {
 	} {
 		add("start: CreateContainer call → "+f.name, st(f.at), "ms", "", "")
 	}
+	nj := func(f func(startSample) float64) float64 { return median(r.StartNoJail, f) }
+	exec := func(s startSample) float64 { return s.QEMUExec }
+	ready := func(s startSample) float64 { return s.Ready - s.GuestUptime }
+	add("start, jail off: CreateContainer call → QEMU exec", nj(exec), "ms", "", "")
+	add("jail cost: CreateContainer call → QEMU exec, on − off", st(exec)-nj(exec), "ms", "", "")
+	add("jail cost: CreateContainer call → guest running, on − off", st(ready)-nj(ready), "ms", "", "")
 	add("start: the guest's own boot (its uptime at BOOTED)", st(func(s startSample) float64 { return s.GuestUptime }), "ms", "", "")
 	paired := slices.DeleteFunc(slices.Clone(r.Start), func(s startSample) bool { return s.Bare == nil })
 	pair := func(f func(s startSample, b bareSample) float64) float64 {

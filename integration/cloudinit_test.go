@@ -6,9 +6,11 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -59,7 +61,16 @@ runcmd:
   - [sh, -c, 'echo VMSHIM-RO $(cat /data/config/greeting)']
   - [sh, -c, 'if touch /data/config/new 2>/dev/null; then echo VMSHIM-RO-WRITABLE; else echo VMSHIM-RO-REFUSED; fi']
   - [sh, -c, 'echo written-in-guest > /data/scratch/out && echo VMSHIM-RW-OK']
+  - [sh, -c, 'chmod 4755 /data/scratch/out; mknod /data/scratch/null c 1 3; echo VMSHIM-SPECIAL-TRIED']
 `
+	// As the kubelet makes them: an emptyDir is 0777, a configMap's
+	// directory and files are world-readable.
+	if err := os.Chmod(scratchDir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(configDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	c := newCRI(t, env.daemon)
 	p := c.runPod(ctx, t, "cloudvm")
 	vm := p.createVMWith(ctx, t, imageDebianCloud, func(cfg *runtimeapi.ContainerConfig) {
@@ -95,6 +106,15 @@ runcmd:
 	}
 	if _, err := os.Stat(filepath.Join(configDir, "new")); err == nil {
 		t.Errorf("the guest wrote to the read-only volume")
+	}
+	// Guest root writes as QEMU's uid: what it makes is not root's, so a
+	// setuid bit raises nobody to root, and it can make no device node.
+	vm.waitLog(ctx, t, "VMSHIM-SPECIAL-TRIED")
+	if fi, err := os.Stat(filepath.Join(scratchDir, "out")); err != nil || fi.Sys().(*syscall.Stat_t).Uid == 0 {
+		t.Errorf("the guest's file on the host: %v, %v; want it owned by the VM's id, not root", fi, err)
+	}
+	if _, err := os.Lstat(filepath.Join(scratchDir, "null")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("guest root made a device node on the host volume: %v", err)
 	}
 	p.remove(t)
 	assertNothingLeftCRI(t, vm.id)

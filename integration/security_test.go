@@ -9,13 +9,13 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 
-	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -23,14 +23,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// secUser is the unprivileged user TestSecurityRunAs runs QEMU as.
-const secUser = "vmshim-qemu-test"
-
-// Sandbox options of QEMU's -sandbox, as the shim passes them.
-const (
-	secSandbox      = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
-	secSandboxRunAs = "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"
-)
+// secSandbox is QEMU's -sandbox, as the shim passes it.
+const secSandbox = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 
 // TestSecuritySockets checks that nobody but root reaches a VM's control
 // sockets: the runtime dir is root's alone, its QMP and agent sockets are
@@ -131,99 +125,180 @@ func TestSecuritySandbox(t *testing.T) {
 	assertNothingLeft(ctx, t, v.id)
 }
 
-// TestSecurityRunAs checks config qemu_user: QEMU opens its files, sockets
-// and fds as root, then runs as that user with no capability, still under
-// its sandbox, and the VM works: it boots from a kernel or a disk (overlay
-// and backing file), powers down on ACPI, and serves exec through its agent.
-func TestSecurityRunAs(t *testing.T) {
-	secEnsureUser(t)
-	uid, gid := secIDs(t, secUser)
-	cfgPath := filepath.Join(t.TempDir(), "shim.toml")
-	if err := os.WriteFile(cfgPath, []byte(fmt.Sprintf("qemu_user = %q\n", secUser)), 0o644); err != nil {
+// TestSecurityJail checks the default config on two VMs, one booting a
+// kernel (with an agent) and one a disk: each QEMU runs as an id of its
+// own, non-zero and the same number as uid and gid, with no capability
+// left (effective, permitted, bounding, ambient), no_new_privs, seccomp,
+// in a mount namespace that is not the host's and whose root shows only
+// the jail; its argv names no file of the image or the bundle. Both VMs
+// work: exec reaches the agent, SIGTERM powers them down, and their ids
+// are given back once they are gone.
+func TestSecurityJail(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
+	defer cancel()
+	vms := []*vm{startVM(ctx, t, imageKernelAgent), startVM(ctx, t, imageDiskWait)}
+	hostMnt, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
 		t.Fatal(err)
 	}
-	opts := &runtimeoptions.Options{ConfigPath: cfgPath}
-	for name, ref := range map[string]string{"kernel": imageKernelWait, "disk": imageDiskWait} {
-		t.Run(name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
-			defer cancel()
-			v, err := createVM(ctx, t, uniqueID(t), ref, opts)
-			if err != nil {
-				t.Fatalf("create: %v\ncontainerd log:\n%s", err, env.daemon.logTail())
-			}
-			v.start(ctx, t)
-			v.console.waitFor(ctx, t, markerBooted)
-			pid := secCheckRunAs(t, v.id, uid, gid)
-			if name == "disk" {
-				secCheckDiskFiles(t, pid, uid, gid)
-			}
-			if err := v.task.Kill(ctx, syscall.SIGTERM); err != nil {
-				t.Fatalf("kill SIGTERM: %v", err)
-			}
-			if code := v.waitExit(ctx, t); code != 0 || !strings.Contains(v.console.String(), markerACPI) {
-				t.Errorf("exit %d after SIGTERM, want 0 after %s\nconsole:\n%s", code, markerACPI, v.console.String())
-			}
-			v.remove(t)
-			assertNothingLeft(ctx, t, v.id)
-		})
-	}
-	t.Run("agent", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
-		defer cancel()
-		v, err := createVM(ctx, t, uniqueID(t), imageKernelAgent, opts)
-		if err != nil {
-			t.Fatalf("create: %v", err)
-		}
-		v.start(ctx, t)
-		v.console.waitFor(ctx, t, markerAgent)
+	ids := map[string]string{} // uid → VM
+	for _, v := range vms {
 		v.console.waitFor(ctx, t, markerBooted)
-		secCheckRunAs(t, v.id, uid, gid)
-		// Each exec connects to the agent socket anew.
-		for i := range 3 {
-			if out := secExec(ctx, t, v, fmt.Sprintf("e%d", i), "echo", "run-as-"+strconv.Itoa(i)); out != fmt.Sprintf("run-as-%d\n", i) {
-				t.Errorf("exec %d: %q", i, out)
+		pid, argv := secQEMU(t, v.id)
+		st := secStatus(t, pid)
+		uids, gids := strings.Fields(st["Uid"]), strings.Fields(st["Gid"])
+		if len(uids) != 4 || len(gids) != 4 || uids[0] == "0" || strings.Join(uids, " ") != strings.Join(gids, " ") ||
+			strings.Count(st["Uid"], uids[0]) != 4 {
+			t.Errorf("%s: Uid %q Gid %q, want one non-zero id, the same for all of them", v.id, st["Uid"], st["Gid"])
+		}
+		if other, ok := ids[uids[0]]; ok {
+			t.Errorf("%s and %s both run as uid %s", other, v.id, uids[0])
+		}
+		ids[uids[0]] = v.id
+		for k, want := range map[string]string{
+			"CapEff": "0000000000000000", "CapPrm": "0000000000000000", "CapBnd": "0000000000000000",
+			"CapAmb": "0000000000000000", "CapInh": "0000000000000000", "NoNewPrivs": "1", "Seccomp": "2",
+		} {
+			if st[k] != want {
+				t.Errorf("%s: /proc/%d/status %s: %q, want %q", v.id, pid, k, st[k], want)
 			}
+		}
+		if !secHasPair(argv, "-sandbox", secSandbox) {
+			t.Errorf("%s: argv lacks -sandbox %s: %q", v.id, secSandbox, argv)
+		}
+		if mnt, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err != nil || mnt == hostMnt {
+			t.Errorf("%s: qemu's mount namespace %s (%v) is the host's %s", v.id, mnt, err, hostMnt)
+		}
+		secCheckJailRoot(t, v.id, pid)
+		secCheckOverlay(t, v.id, pid, uids[0], v == vms[1])
+		for _, a := range argv {
+			if strings.Contains(a, "/rootfs") || strings.Contains(a, ".vmshim") || strings.Contains(a, env.daemon.dir) {
+				t.Errorf("%s: argv names a file of the image or bundle: %q", v.id, a)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(secIDsDir, uids[0])); err != nil {
+			t.Errorf("%s: no claim on id %s: %v", v.id, uids[0], err)
+		}
+	}
+	// Each exec connects to the agent socket anew.
+	for i := range 3 {
+		if out := secExec(ctx, t, vms[0], fmt.Sprintf("e%d", i), "echo", "jailed-"+strconv.Itoa(i)); out != fmt.Sprintf("jailed-%d\n", i) {
+			t.Errorf("exec %d: %q", i, out)
+		}
+	}
+	for _, v := range vms {
+		if err := v.task.Kill(ctx, syscall.SIGTERM); err != nil {
+			t.Fatalf("kill SIGTERM: %v", err)
+		}
+		if code := v.waitExit(ctx, t); code != 0 || !strings.Contains(v.console.String(), markerACPI) {
+			t.Errorf("%s: exit %d after SIGTERM, want 0 after %s\nconsole:\n%s", v.id, code, markerACPI, v.console.String())
 		}
 		v.remove(t)
 		assertNothingLeft(ctx, t, v.id)
-	})
-	t.Run("unknown user", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
-		defer cancel()
-		bad := filepath.Join(t.TempDir(), "shim.toml")
-		if err := os.WriteFile(bad, []byte("qemu_user = \"vmshim-no-such-user\"\n"), 0o644); err != nil {
-			t.Fatal(err)
+	}
+	for id, vmID := range ids {
+		if _, err := os.Stat(filepath.Join(secIDsDir, id)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s gone, its claim on id %s is not: %v", vmID, id, err)
 		}
-		id := uniqueID(t)
-		v, err := createVM(ctx, t, id, imageKernelWait, &runtimeoptions.Options{ConfigPath: bad})
-		if err == nil || !strings.Contains(err.Error(), `qemu_user: user "vmshim-no-such-user" does not exist`) {
-			t.Errorf("create with an unknown qemu_user: %v, want an error naming qemu_user", err)
-		}
-		v.remove(t)
-		assertNothingLeft(ctx, t, id)
-	})
+	}
 }
 
-// secCheckRunAs checks that VM id's QEMU runs as uid:gid, with no
-// capability, under the sandbox that allows -runas, and returns its pid.
-func secCheckRunAs(t *testing.T, id string, uid, gid int) int {
+// secCheckOverlay checks the root overlay QEMU holds open, if want: it is
+// the VM's alone (its id's, 0600), in a directory only root may enter.
+func secCheckOverlay(t *testing.T, id string, pid int, uid string, want bool) {
 	t.Helper()
-	pid, argv := secQEMU(t, id)
-	if !secHasPair(argv, "-runas", secUser) || !secHasPair(argv, "-sandbox", secSandboxRunAs) {
-		t.Errorf("argv lacks -runas %s or -sandbox %s: %q", secUser, secSandboxRunAs, argv)
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
 	}
-	st := secStatus(t, pid)
-	// Real, effective, saved and file system ids.
-	ids := func(n int) string { return strings.TrimSpace(strings.Repeat(strconv.Itoa(n)+" ", 4)) }
-	for k, want := range map[string]string{
-		"Uid": ids(uid), "Gid": ids(gid), "CapEff": "0000000000000000", "CapPrm": "0000000000000000",
-		"Seccomp": "2", "NoNewPrivs": "1",
-	} {
-		if got := strings.Join(strings.Fields(st[k]), " "); got != want {
-			t.Errorf("/proc/%d/status %s: %q, want %q", pid, k, st[k], want)
+	overlay := ""
+	for _, fd := range fds {
+		if target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); strings.HasSuffix(target, "/.vmshim/root.qcow2") {
+			overlay = target
 		}
 	}
-	return pid
+	if (overlay != "") != want {
+		t.Fatalf("%s: qemu holds overlay %q open, want one: %v", id, overlay, want)
+	}
+	if overlay == "" {
+		return
+	}
+	for p, wantMode := range map[string]os.FileMode{overlay: 0o600, filepath.Dir(overlay): os.ModeDir | 0o700} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		owner, wantOwner := strconv.Itoa(int(fi.Sys().(*syscall.Stat_t).Uid)), uid
+		if fi.IsDir() {
+			wantOwner = "0"
+		}
+		if fi.Mode() != wantMode || owner != wantOwner {
+			t.Errorf("%s: %s: mode %v owner %s, want %v owner %s", id, p, fi.Mode(), owner, wantMode, wantOwner)
+		}
+	}
+}
+
+// secIDsDir holds the node-wide claims on jail ids.
+const secIDsDir = "/run/vmshim/ids"
+
+// secCheckJailRoot checks what QEMU's root shows: only the jail's
+// entries, /usr read-only, no host file outside /usr, a /proc with QEMU
+// alone in it.
+func secCheckJailRoot(t *testing.T, id string, pid int) {
+	t.Helper()
+	root := fmt.Sprintf("/proc/%d/root", pid)
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		t.Fatalf("%s: %v", root, err)
+	}
+	allowed := map[string]bool{"usr": true, "bin": true, "sbin": true, "lib": true, "lib32": true, "lib64": true,
+		"libx32": true, "dev": true, "proc": true, "vm": true}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+		if !allowed[e.Name()] {
+			t.Errorf("%s: qemu's root shows /%s", id, e.Name())
+		}
+	}
+	t.Logf("%s: qemu's root: %v", id, names)
+	for _, p := range []string{"etc/passwd", "etc/shadow", "run", "var", "root", "home", "tmp", "sys"} {
+		if _, err := os.Lstat(filepath.Join(root, p)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: qemu sees /%s (%v)", id, p, err)
+		}
+	}
+	devs, _ := os.ReadDir(filepath.Join(root, "dev"))
+	for _, d := range devs {
+		switch d.Name() {
+		case "null", "zero", "full", "random", "urandom", "kvm":
+		default:
+			t.Errorf("%s: qemu's /dev has %s", id, d.Name())
+		}
+	}
+	// What /proc shows depends on who looks: list it as QEMU's uid, with
+	// no capability, as QEMU would.
+	uid := strings.Fields(secStatus(t, pid)["Uid"])[0]
+	// The lister prints its own pid first: it sees itself too.
+	out, err := exec.Command("setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--",
+		"sh", "-c", `echo $$; exec ls -A "$0"`, filepath.Join(root, "proc")).CombinedOutput()
+	if err != nil {
+		t.Errorf("%s: list qemu's /proc as uid %s: %v: %s", id, uid, err, out)
+	}
+	var others []string
+	for i, e := range strings.Fields(string(out)) {
+		if i > 0 && e != strconv.Itoa(pid) && e != strings.Fields(string(out))[0] && e != "self" && e != "thread-self" {
+			others = append(others, e)
+		}
+	}
+	if len(others) != 0 || !strings.Contains(" "+string(out)+" ", "\n"+strconv.Itoa(pid)+"\n") {
+		t.Errorf("%s: qemu's /proc shows %q, want qemu (%d) and nothing else", id, out, pid)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(filepath.Join(root, "usr"), &fs); err != nil || fs.Flags&unix.ST_RDONLY == 0 || fs.Flags&unix.ST_NOSUID == 0 {
+		t.Errorf("%s: qemu's /usr is not read-only and nosuid: flags %#x, %v", id, fs.Flags, err)
+	}
+	if err := unix.Statfs(root, &fs); err != nil || fs.Flags&unix.ST_RDONLY == 0 {
+		t.Errorf("%s: qemu's root is writable: flags %#x, %v", id, fs.Flags, err)
+	}
 }
 
 // secExec runs a command in the VM through containerd's task API and
@@ -249,40 +324,6 @@ func secExec(ctx context.Context, t *testing.T, v *vm, execID string, args ...st
 		t.Errorf("exec %s: exit %d, %v, stderr %q", execID, code, err, stderr.String())
 	}
 	return stdout.String()
-}
-
-// secCheckDiskFiles checks that QEMU holds the root overlay and its
-// backing file open, and that its user could not have opened the overlay
-// itself: QEMU opened them before it dropped root.
-func secCheckDiskFiles(t *testing.T, pid, uid, gid int) {
-	t.Helper()
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var overlay, backing string
-	for _, fd := range fds {
-		target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
-		switch {
-		case strings.HasSuffix(target, "/.vmshim/root.qcow2"):
-			overlay = target
-		case strings.Contains(target, "/disk/"):
-			backing = target
-		}
-	}
-	if overlay == "" || backing == "" {
-		t.Fatalf("qemu holds overlay %q and backing file %q open, want both", overlay, backing)
-	}
-	err = secAsUser(uid, gid, func() error {
-		f, err := os.OpenFile(overlay, os.O_RDWR, 0)
-		if err == nil {
-			f.Close()
-		}
-		return err
-	})
-	if !errors.Is(err, os.ErrPermission) {
-		t.Errorf("open %s as %s: %v, want permission denied", overlay, secUser, err)
-	}
 }
 
 // TestSecurityAnnotationInjection checks that values from annotations,

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"os/user"
 	"path/filepath"
 	"runtime"
@@ -256,23 +255,6 @@ func secOpenSocket(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return path
-}
-
-// secEnsureUser creates secUser as a system user for the test if it does
-// not exist, and removes it afterwards.
-func secEnsureUser(t *testing.T) {
-	t.Helper()
-	if _, err := user.Lookup(secUser); err == nil {
-		return
-	}
-	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", secUser).CombinedOutput(); err != nil {
-		t.Fatalf("useradd %s: %v: %s", secUser, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("userdel", secUser).CombinedOutput(); err != nil {
-			t.Errorf("userdel %s: %v: %s", secUser, err, out)
-		}
-	})
 }
 
 // secIDs returns the uid and gid of user name.
