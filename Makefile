@@ -19,7 +19,7 @@ NERDCTL        := $(VMSHIM_CACHE)/tools/nerdctl-$(NERDCTL_VERSION)/nerdctl
 GUEST_DIR      := $(VMSHIM_CACHE)/guest
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: help build install setup guest cloud-guest unit integration test test-reliability bench demo clean
+.PHONY: help build install setup guest cloud-guest unit fuzz integration test test-reliability bench demo clean
 
 help: ## show this help
 	@awk -F':.*## ' '/^[a-z-]+:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -44,6 +44,18 @@ unit: ## run the unit tests (those needing containerd use it once `make setup` b
 	$(GO) vet ./...
 	VMSHIM_CONTAINERD=$$([ -x $(CONTAINERD_DIR)/containerd ] && echo $(CONTAINERD_DIR)) $(GO) test -count=1 ./...
 
+# How long `make fuzz` runs each fuzz target; `go test` alone replays
+# the seed corpora under testdata/fuzz.
+FUZZTIME ?= 10s
+
+fuzz: ## run every Go fuzz target for FUZZTIME (default 10s) each
+	@set -e; for file in $$(git ls-files '*_fuzz_test.go'); do \
+		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$file); do \
+			echo "fuzz: $$target ($$(dirname $$file)) for $(FUZZTIME)"; \
+			$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) -parallel 1 ./$$(dirname $$file)/; \
+		done; \
+	done
+
 # What the integration tests need to find.
 IT_ENV := VMSHIM_INTEGRATION=1 VMSHIM_BIN=$(BIN) VMSHIM_CONTAINERD=$(CONTAINERD_DIR) VMSHIM_GUEST=$(GUEST_DIR) \
 	VMSHIM_NERDCTL=$(NERDCTL)
@@ -63,7 +75,7 @@ bench: setup guest ## measure start latency, memory, density and teardown (table
 	$(IT_ENV) VMSHIM_BENCH=1 VMSHIM_BENCH_OUT=$(OUT)/bench \
 		$(GO) test -count=1 -timeout 90m -v -run '^TestBench$$' ./integration/
 
-test: setup unit integration ## set up and run all tests
+test: setup unit fuzz integration ## set up and run all tests
 
 demo: guest ## boot a VM image with ctr run through a private containerd, then clean up
 	VMSHIM_BIN=$(BIN) VMSHIM_CONTAINERD=$(CONTAINERD_DIR) VMSHIM_GUEST=$(GUEST_DIR) integration/demo.sh
