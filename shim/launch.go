@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -399,11 +400,18 @@ func (c *launch) cgroup(ctx context.Context) error {
 	return c.limits.create(ctx, c.spec, c.rec)
 }
 
+// accel chooses the accelerator (once per shim), which the jail needs to
+// know: KVM wants /dev/kvm in it.
+func (c *launch) accel(ctx context.Context) (err error) {
+	c.qs.Accel, err = c.launcher.accel(ctx, c.cfg.Accel, c.binary)
+	return err
+}
+
 // jail describes QEMU's jail, unless config jail is off: the VM's ids and
 // the container's non-zero groups (so volumes shared with the pod's group
 // work), the kernel, initrd and shares bound in, and the device nodes
 // QEMU opens itself (/dev/kvm, VFIO).
-func (c *launch) jail(ctx context.Context) (err error) {
+func (c *launch) jail(context.Context) error {
 	if c.cfg.Jail {
 		c.j = c.newJail("root")
 		c.j.Groups = containerGroups(c.spec)
@@ -425,9 +433,6 @@ func (c *launch) jail(ctx context.Context) (err error) {
 		target := fmt.Sprintf("%s/share/%d", jail.VMDir, i)
 		c.j.Binds = append(c.j.Binds, jail.Bind{Target: target, Source: sh.Path, ReadOnly: sh.ReadOnly})
 		sh.Path = target
-	}
-	if c.qs.Accel, err = c.launcher.accel(ctx, c.cfg.Accel, c.binary); err != nil {
-		return err
 	}
 	var nodes []string
 	if c.qs.Accel == qemu.AccelKVM {
@@ -457,20 +462,11 @@ func containerGroups(spec *specs.Spec) []uint32 {
 	}
 	var out []uint32
 	for _, g := range append([]uint32{spec.Process.User.GID}, spec.Process.User.AdditionalGids...) {
-		if g != 0 && !containsID(out, g) {
+		if g != 0 && !slices.Contains(out, g) {
 			out = append(out, g)
 		}
 	}
 	return out
-}
-
-func containsID(ids []uint32, id uint32) bool {
-	for _, x := range ids {
-		if x == id {
-			return true
-		}
-	}
-	return false
 }
 
 // qemu starts QEMU paused, in the VM's cgroup, network namespace and jail,
@@ -478,11 +474,6 @@ func containsID(ids []uint32, id uint32) bool {
 func (c *launch) qemu(ctx context.Context) (err error) {
 	c.qs.Name, c.qs.CPUs, c.qs.MemoryMiB = c.r.ID, c.desc.VCPUs, c.desc.MemoryMiB
 	c.qs.Sandbox, c.qs.Paused = c.cfg.Sandbox, true
-	if c.qs.Accel == "" {
-		if c.qs.Accel, err = c.launcher.accel(ctx, c.cfg.Accel, c.binary); err != nil {
-			return err
-		}
-	}
 	c.qs.QMPSocket = filepath.Join(c.rec.RuntimeDir, "qmp.sock")
 	// Exec runs through qemu-guest-agent; a guest without one simply
 	// never opens the port.

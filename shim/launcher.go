@@ -83,6 +83,7 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		{"network", c.network},
 		{"seed", c.seed},
 		{"cgroup", c.cgroup},
+		{"accelerator", c.accel},
 		{"jail", c.jail},
 		{"qemu", c.qemu},
 	} {

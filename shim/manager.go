@@ -23,7 +23,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-
 // manager implements the shim binary's start and delete actions.
 type manager struct {
 	name string
