@@ -18,20 +18,7 @@ import (
 func TestCRIBlockDevice(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
 	defer cancel()
-	backing := filepath.Join(t.TempDir(), "volume.raw")
-	if err := os.WriteFile(backing, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(backing, 64<<20); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("losetup", "--find", "--show", backing).CombinedOutput()
-	if err != nil {
-		t.Skipf("no loop device: %v: %s", err, out)
-	}
-	loop := strings.TrimSpace(string(out))
-	t.Cleanup(func() { _ = exec.Command("losetup", "-d", loop).Run() })
-
+	loop := loopDevice(t, 64)
 	p := newCRI(t, env.daemon).runPod(ctx, t, "blockdev")
 	vm := p.createVMWith(ctx, t, imageDiskWait, func(cfg *runtimeapi.ContainerConfig) {
 		cfg.Devices = []*runtimeapi.Device{
@@ -56,4 +43,24 @@ func TestCRIBlockDevice(t *testing.T) {
 	}
 	p.remove(t)
 	assertNothingLeftCRI(t, vm.id)
+}
+
+// loopDevice attaches a loop device to a new file of sizeMiB and returns
+// its node; the test detaches it.
+func loopDevice(t *testing.T, sizeMiB int64) string {
+	t.Helper()
+	backing := filepath.Join(t.TempDir(), "volume.raw")
+	if err := os.WriteFile(backing, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(backing, sizeMiB<<20); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", backing).CombinedOutput()
+	if err != nil {
+		t.Fatalf("losetup: %v: %s", err, out)
+	}
+	loop := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "-d", loop).Run() })
+	return loop
 }

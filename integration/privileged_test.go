@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -66,7 +65,7 @@ func TestSecurityPrivileged(t *testing.T) {
 	t.Run("cri-read-only-device", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
 		defer cancel()
-		rw, ro := secLoopDevice(t, 32), secLoopDevice(t, 48)
+		rw, ro := loopDevice(t, 32), loopDevice(t, 48)
 		p := newCRI(t, env.daemon).runPod(ctx, t, "sec-ro-device")
 		vm := p.createVMWith(ctx, t, imageKernelAgent, func(cfg *runtimeapi.ContainerConfig) {
 			cfg.Devices = []*runtimeapi.Device{
@@ -153,24 +152,4 @@ func consoleLine(t *testing.T, console, marker string) string {
 	}
 	t.Fatalf("console has no %s line:\n%s", marker, console)
 	return ""
-}
-
-// secLoopDevice attaches a loop device to a new file of sizeMiB and
-// returns its node; the test detaches it.
-func secLoopDevice(t *testing.T, sizeMiB int64) string {
-	t.Helper()
-	backing := t.TempDir() + "/volume.raw"
-	if err := os.WriteFile(backing, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(backing, sizeMiB<<20); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("losetup", "--find", "--show", backing).CombinedOutput()
-	if err != nil {
-		t.Fatalf("losetup: %v: %s", err, out)
-	}
-	loop := strings.TrimSpace(string(out))
-	t.Cleanup(func() { _ = exec.Command("losetup", "-d", loop).Run() })
-	return loop
 }
