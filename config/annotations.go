@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"sigs.k8s.io/yaml"
 )
@@ -76,6 +78,9 @@ func parseAnnotations(cfg Config, in map[string]string) (annotations, error) {
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
+		for i, k := range unknown {
+			unknown[i] = quoteKey(k)
+		}
 		return a, invalidf("unknown annotation %s", strings.Join(unknown, ", "))
 	}
 	if v, ok := in[AnnotationVCPUs]; ok {
@@ -153,6 +158,15 @@ func parseAnnotations(cfg Config, in map[string]string) (annotations, error) {
 		a.kernelCmdline = strings.TrimSpace(v)
 	}
 	return a, nil
+}
+
+// quoteKey returns an annotation key as it is when it is printable UTF-8
+// without blanks, else quoted, so that errors stay one line of UTF-8.
+func quoteKey(k string) string {
+	if utf8.ValidString(k) && strings.IndexFunc(k, func(r rune) bool { return !unicode.IsGraphic(r) || unicode.IsSpace(r) }) < 0 {
+		return k
+	}
+	return strconv.Quote(k)
 }
 
 // parseSSHKeys splits newline-separated public keys, dropping blank lines,
