@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -100,6 +101,10 @@ func shareOf(m specs.Mount) (Share, string) {
 	if strings.ContainsAny(dst, " \t\\") {
 		// The guest mounts shares through fstab, which cannot hold these.
 		return Share{}, fmt.Sprintf("path %q has whitespace or a backslash", dst)
+	}
+	if !utf8.ValidString(dst) || strings.ContainsRune(dst, utf8.RuneError) {
+		// The fstab entry reaches the guest through YAML, which holds only UTF-8.
+		return Share{}, fmt.Sprintf("path %q has invalid UTF-8 or U+FFFD", dst)
 	}
 	if dst == "/" {
 		return Share{}, "the guest's root is not replaced"
