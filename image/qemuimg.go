@@ -140,7 +140,9 @@ func message(stderr, root string) string {
 	if root != "" && root != "/" {
 		msg = strings.ReplaceAll(msg, root+"/", "/")
 	}
-	msg = oneLine(msg)
+	// qemu-img quotes names from the image byte for byte; errors go
+	// through gRPC, which takes only UTF-8.
+	msg = oneLine(strings.ToValidUTF8(msg, "\uFFFD"))
 	if len(msg) > maxMessage {
 		msg = strings.ToValidUTF8(msg[:maxMessage], "") + "…"
 	}
