@@ -316,10 +316,25 @@ func parseResolvConf(r io.Reader) ([]net.IP, []string, error) {
 				dns = append(dns, ip)
 			}
 		case "search":
-			search = slices.Clone(fields[1:])
+			search = searchDomains(fields[1:])
 		case "domain":
-			search = []string{fields[1]}
+			search = searchDomains(fields[1:2])
 		}
 	}
 	return dns, search, sc.Err()
+}
+
+// searchDomains keeps the names DHCP can carry, as DNS names (RFC 3397):
+// labels of 1 to 63 bytes, 253 bytes in all; a fully qualified name loses
+// its final dot, which would be an empty name of its own.
+func searchDomains(names []string) []string {
+	var out []string
+	for _, n := range names {
+		n = strings.TrimSuffix(n, ".")
+		bad := func(label string) bool { return label == "" || len(label) > 63 }
+		if n != "" && len(n) <= 253 && !slices.ContainsFunc(strings.Split(n, "."), bad) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
