@@ -182,19 +182,12 @@ func (r *Responder) recv(buf []byte) (int, *unix.SockaddrLinklayer, error) {
 
 // answer handles one received frame and sends the reply, if any.
 func (r *Responder) answer(frame []byte) error {
-	src, payload, err := parseDHCPFrame(frame)
+	x, err := replyFrame(r.srcMAC, &r.lease, frame)
 	if err != nil {
 		return err
 	}
-	req, err := dhcpv4.FromBytes(payload)
-	if err != nil {
-		return fmt.Errorf("parse dhcp message from %s: %w", src, err)
-	}
+	req, reply := x.req, x.reply
 	log := r.log.WithField("mac", req.ClientHWAddr.String())
-	reply, err := Handle(req, &r.lease)
-	if err != nil {
-		return err
-	}
 	if reply == nil {
 		switch req.MessageType() {
 		case dhcpv4.MessageTypeDecline:
@@ -206,13 +199,8 @@ func (r *Responder) answer(frame []byte) error {
 		}
 		return nil
 	}
-	dst := replyDest(req, reply, src)
-	out, err := buildDHCPFrame(r.srcMAC, r.lease.ServerID, dst, reply.ToBytes())
-	if err != nil {
-		return err
-	}
-	if err := r.send(out, dst.MAC); err != nil {
-		return fmt.Errorf("send dhcp %s to %s: %w", reply.MessageType(), dst.MAC, err)
+	if err := r.send(x.frame, x.dst.MAC); err != nil {
+		return fmt.Errorf("send dhcp %s to %s: %w", reply.MessageType(), x.dst.MAC, err)
 	}
 	switch {
 	case reply.MessageType() == dhcpv4.MessageTypeNak:
