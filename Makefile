@@ -52,7 +52,7 @@ fuzz: ## run every Go fuzz target for FUZZTIME (default 10s) each
 	@set -e; for file in $$(git ls-files '*_fuzz_test.go'); do \
 		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$file); do \
 			echo "fuzz: $$target ($$(dirname $$file)) for $(FUZZTIME)"; \
-			$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) -parallel 1 ./$$(dirname $$file)/; \
+			$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s -parallel 1 ./$$(dirname $$file)/; \
 		done; \
 	done
 

@@ -24,4 +24,3 @@ func CheckAddress(a string) error {
 	}
 	return nil
 }
-
