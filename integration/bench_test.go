@@ -341,11 +341,9 @@ func bareArgv(pid int, dir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	fdOfSet := map[string]string{} // "/dev/fdset/N" → the fd of set N
-	for i := 1; i+1 < len(argv); i++ {
-		if argv[i] == "-add-fd" {
-			fdOfSet[qemu.FDSetPath(atoiOr(optValue(argv[i+1], "set")))] = optValue(argv[i+1], "fd")
-		}
+	fileOfSet, err := fdSetFiles(pid, argv)
+	if err != nil {
+		return nil, err
 	}
 	out := []string{argv[0]}
 	for i := 1; i < len(argv); i++ {
@@ -367,8 +365,8 @@ func bareArgv(pid int, dir string) ([]string, error) {
 		}
 		for _, p := range hostPath.FindAllString(val, -1) {
 			src := p
-			if fd, ok := fdOfSet[p]; ok {
-				src = fmt.Sprintf("/proc/%d/fd/%s", pid, fd)
+			if f, ok := fileOfSet[p]; ok {
+				src = f
 			} else if _, err := os.Stat(fmt.Sprintf("/proc/%d/root%s", pid, p)); err == nil {
 				src = fmt.Sprintf("/proc/%d/root%s", pid, p) // in QEMU's jail
 			}
@@ -387,6 +385,43 @@ func bareArgv(pid int, dir string) ([]string, error) {
 		if out = append(out, flag); val != "" {
 			out = append(out, val)
 		}
+	}
+	return out, nil
+}
+
+// fdSetFiles maps the fd set QEMU's argv files ("/dev/fdset/N") to the
+// host path of its file. QEMU keeps a duplicate of each -add-fd fd and
+// closes the one it inherited, whose number may then be reused; the
+// drive opens the set again. The file is the one regular file QEMU holds,
+// however many times. The bench's kernel guest has one
+// fd set (the seed); more than one cannot be told apart this way.
+func fdSetFiles(pid int, argv []string) (map[string]string, error) {
+	var sets []string
+	for i := 1; i+1 < len(argv); i++ {
+		if argv[i] == "-add-fd" {
+			sets = append(sets, qemu.FDSetPath(atoiOr(optValue(argv[i+1], "set"))))
+		}
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return nil, err
+	}
+	var files []string
+	for _, fd := range fds {
+		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if err != nil || !filepath.IsAbs(target) {
+			continue // a socket, pipe or anonymous inode
+		}
+		if st, err := os.Stat(target); err == nil && st.Mode().IsRegular() && !slices.Contains(files, target) {
+			files = append(files, target)
+		}
+	}
+	if len(sets) > 1 || len(files) != len(sets) {
+		return nil, fmt.Errorf("qemu %d holds regular files %q for fd sets %q", pid, files, sets)
+	}
+	out := map[string]string{}
+	for i, set := range sets {
+		out[set] = files[i]
 	}
 	return out, nil
 }
