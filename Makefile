@@ -40,9 +40,9 @@ guest: setup build ## build the test guests from Debian packages (cached)
 cloud-guest: guest ## build the Debian cloud-init test guest with debootstrap (cached)
 	VMSHIM_PACK=$(BIN)/vmshim-pack integration/guest/cloud.sh $(GUEST_DIR)
 
-unit: ## run the unit tests (those needing containerd use it once `make setup` built it)
+unit: ## run the unit tests under -race (those needing containerd use it once `make setup` built it)
 	$(GO) vet ./...
-	VMSHIM_CONTAINERD=$$([ -x $(CONTAINERD_DIR)/containerd ] && echo $(CONTAINERD_DIR)) $(GO) test -count=1 ./...
+	VMSHIM_CONTAINERD=$$([ -x $(CONTAINERD_DIR)/containerd ] && echo $(CONTAINERD_DIR)) $(GO) test -race -count=1 ./...
 
 # How long `make fuzz` runs each fuzz target; `go test` alone replays
 # the seed corpora under testdata/fuzz.

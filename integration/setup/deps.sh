@@ -20,6 +20,8 @@ PACKAGES=(
 	containernetworking-plugins iproute2 iptables     # CNI for pod networking
 	runc                               # the runc pods `make bench` compares with
 	util-linux procps kmod
+	gcc libc6-dev                      # cgo, for the unit tests under -race
+	python3-yaml                       # FuzzCloudInit reads its documents back with PyYAML, as cloud-init does
 )
 
 log() { echo "setup: $*" >&2; }
