@@ -118,6 +118,8 @@ func (v *fakeVM) Resume(context.Context) error {
 
 func (v *fakeVM) Done() <-chan struct{} { return v.done }
 
+func (v *fakeVM) StartHooks() StartHooks { return nil }
+
 func (v *fakeVM) GuestAgent() GuestAgent {
 	v.mu.Lock()
 	defer v.mu.Unlock()

@@ -519,6 +519,6 @@ func (c *launch) qemu(ctx context.Context) (err error) {
 		stderr.Close()
 		return err
 	}
-	c.vm = &qemuVM{VM: vm, cgroupLimits: c.limits, console: c.console, rec: c.rec, stderr: stderr, network: c.netw, hooks: c.hooks, onRelease: c.release}
+	c.vm = &qemuVM{proc: vm, limits: c.limits, console: c.console, rec: c.rec, stderr: stderr, network: c.netw, hooks: c.hooks, onRelease: c.release}
 	return nil
 }

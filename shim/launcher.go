@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -22,6 +23,7 @@ import (
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/network"
@@ -325,10 +327,12 @@ func hostname(spec *specs.Spec) string {
 	return ""
 }
 
-// qemuVM is a QEMU VM with the host resources recorded for it.
+// qemuVM is a QEMU VM with the host resources recorded for it. Each
+// method says where it goes: the process (proc), the VM's cgroup
+// (limits), the hooks, or the resources Release frees.
 type qemuVM struct {
-	*qemu.VM
-	*cgroupLimits
+	proc    *qemu.VM
+	limits  *cgroupLimits
 	console net.Conn
 	rec     *record
 	stderr  io.Closer
@@ -338,16 +342,51 @@ type qemuVM struct {
 	onRelease func() // gives the pod back its VM slot
 }
 
+// Pid is QEMU's process id.
+func (v *qemuVM) Pid() int { return v.proc.Pid() }
+
 // Console returns the shim's end of the guest's serial port.
 func (v *qemuVM) Console() io.ReadWriteCloser { return v.console }
 
+// Start runs the vCPUs.
+func (v *qemuVM) Start(ctx context.Context) error { return v.proc.Start(ctx) }
+
+// Powerdown presses the ACPI power button.
+func (v *qemuVM) Powerdown(ctx context.Context) error { return v.proc.Powerdown(ctx) }
+
+// Kill stops QEMU at once.
+func (v *qemuVM) Kill() error { return v.proc.Kill() }
+
+// Pause stops the vCPUs.
+func (v *qemuVM) Pause(ctx context.Context) error { return v.proc.Pause(ctx) }
+
+// Resume restarts the vCPUs.
+func (v *qemuVM) Resume(ctx context.Context) error { return v.proc.Resume(ctx) }
+
+// Done is closed once QEMU has exited.
+func (v *qemuVM) Done() <-chan struct{} { return v.proc.Done() }
+
+// ExitStatus is QEMU's exit status, once Done.
+func (v *qemuVM) ExitStatus() (int, time.Time) { return v.proc.ExitStatus() }
+
+// Stats reads the VM's cgroup.
+func (v *qemuVM) Stats(ctx context.Context) (proto.Message, error) { return v.limits.Stats(ctx) }
+
+// Update changes the VM's cgroup limits.
+func (v *qemuVM) Update(ctx context.Context, r *specs.LinuxResources) error {
+	return v.limits.Update(ctx, r)
+}
+
 // GuestAgent returns the channel to the guest's agent.
 func (v *qemuVM) GuestAgent() GuestAgent {
-	if a := v.Agent(); a != nil {
+	if a := v.proc.Agent(); a != nil {
 		return a
 	}
 	return nil
 }
+
+// StartHooks returns the VM's OCI hooks around Start.
+func (v *qemuVM) StartHooks() StartHooks { return v }
 
 // beforeStart runs the startContainer hooks, in the VM's network
 // namespace, just before the vCPUs run.

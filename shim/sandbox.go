@@ -181,6 +181,9 @@ func (s *sandboxVM) Resume(context.Context) error { return nil }
 // GuestAgent is nil: a sandbox runs no guest.
 func (s *sandboxVM) GuestAgent() GuestAgent { return nil }
 
+// StartHooks is nil: a sandbox runs no hooks.
+func (s *sandboxVM) StartHooks() StartHooks { return nil }
+
 // Done is closed once the pause process has exited.
 func (s *sandboxVM) Done() <-chan struct{} { return s.done }
 

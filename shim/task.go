@@ -93,16 +93,6 @@ func (t *task) monitor(ctx context.Context, onExit func(*task)) {
 	close(t.exited)
 }
 
-// startHooks is implemented by VMs with work to do around Start (OCI
-// hooks). It runs without the task's lock: a hook may call back into the
-// shim, through containerd, for the task's state.
-type startHooks interface {
-	// beforeStart runs before the vCPUs do; its failure fails Start.
-	beforeStart(ctx context.Context) error
-	// afterStart runs once they do.
-	afterStart(ctx context.Context)
-}
-
 // start runs the VM's vCPUs.
 func (t *task) start(ctx context.Context) error {
 	t.mu.Lock()
@@ -122,7 +112,7 @@ func (t *task) start(ctx context.Context) error {
 		t.starting = false
 		t.mu.Unlock()
 	}()
-	hooks, _ := t.vm.(startHooks)
+	hooks := t.vm.StartHooks()
 	if hooks != nil {
 		if err := hooks.beforeStart(ctx); err != nil {
 			return fmt.Errorf("start vm %s: %w", t.id, err)

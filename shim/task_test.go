@@ -14,6 +14,8 @@ type hookedVM struct {
 	during    func() // called from beforeStart and afterStart
 }
 
+func (v *hookedVM) StartHooks() StartHooks { return v }
+
 func (v *hookedVM) beforeStart(context.Context) error {
 	v.record("beforeStart")
 	v.during()

@@ -43,6 +43,18 @@ type VM interface {
 	Stats(ctx context.Context) (proto.Message, error)
 	// Update applies new resource limits to the running VM.
 	Update(ctx context.Context, r *specs.LinuxResources) error
+	// StartHooks is the work to do around Start, or nil for none.
+	StartHooks() StartHooks
+}
+
+// StartHooks is work around a VM's Start (OCI hooks). It runs without the
+// task's lock: a hook may call back into the shim, through containerd,
+// for the task's state.
+type StartHooks interface {
+	// beforeStart runs before the vCPUs do; its failure fails Start.
+	beforeStart(ctx context.Context) error
+	// afterStart runs once they do.
+	afterStart(ctx context.Context)
 }
 
 // GuestAgent runs programs in the guest.
