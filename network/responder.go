@@ -2,7 +2,6 @@ package network
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -10,11 +9,11 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/mdlayher/packet"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
@@ -23,7 +22,8 @@ import (
 // dhcpWriteTimeout bounds the send of one reply.
 const dhcpWriteTimeout = time.Second
 
-// Responder answers DHCP for one lease on one interface through an AF_PACKET socket.
+// Responder answers DHCP for one lease on one interface through a packet
+// (AF_PACKET) socket.
 //
 // A packet socket bound for all protocols sees the VM's frames before tc
 // ingress (where DHCP is dropped or redirected on the tap) and needs no
@@ -35,9 +35,8 @@ type Responder struct {
 	lease   Lease
 	log     *logrus.Entry
 
-	file      *os.File // the packet socket, non-blocking, in the runtime poller
-	raw       syscall.RawConn
-	closed    atomic.Bool // set by Close before the socket is closed
+	conn      *packet.Conn // in the runtime poller; deadlines wake a blocked read
+	closed    atomic.Bool  // set by Close before the socket is closed
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -46,7 +45,7 @@ type Responder struct {
 // CURRENT NETWORK NAMESPACE (the socket keeps that namespace afterwards; the caller, when it must,
 // enters the netns on a locked OS thread around this call). srcMAC is the interface's own MAC (used
 // as the Ethernet source of replies).
-func NewResponder(ifindex int, srcMAC net.HardwareAddr, lease Lease, logger *logrus.Entry) (_ *Responder, retErr error) {
+func NewResponder(ifindex int, srcMAC net.HardwareAddr, lease Lease, logger *logrus.Entry) (*Responder, error) {
 	if ifindex <= 0 {
 		return nil, fmt.Errorf("dhcp responder: invalid ifindex %d: %w", ifindex, errdefs.ErrInvalidArgument)
 	}
@@ -62,56 +61,35 @@ func NewResponder(ifindex int, srcMAC net.HardwareAddr, lease Lease, logger *log
 		l.Out = io.Discard
 		logger = logrus.NewEntry(l)
 	}
-	filter, err := bpf.Assemble(dhcpFilter())
+	// The socket also sees the frames the interface sends (to the VM), and
+	// ReadFrom does not tell their packet type: the first instructions drop
+	// them, then dhcpFilter selects.
+	filter, err := bpf.Assemble(append([]bpf.Instruction{
+		bpf.LoadExtension{Num: bpf.ExtType},
+		bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: unix.PACKET_OUTGOING, SkipTrue: 1},
+		bpf.RetConstant{Val: 0},
+	}, dhcpFilter()...))
 	if err != nil {
 		return nil, fmt.Errorf("dhcp responder on ifindex %d: assemble bpf filter: %w", ifindex, err)
 	}
-	// Protocol 0: the socket receives nothing until it is bound, and by then
-	// the filter is in place.
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("dhcp responder on ifindex %d: open packet socket: %w", ifindex, err)
-	}
-	defer func() {
-		if retErr != nil && fd >= 0 {
-			_ = unix.Close(fd)
-		}
-	}()
-	prog := make([]unix.SockFilter, len(filter))
-	for i, ins := range filter {
-		prog[i] = unix.SockFilter{Code: ins.Op, Jt: ins.Jt, Jf: ins.Jf, K: ins.K}
-	}
-	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER,
-		&unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}); err != nil {
-		return nil, fmt.Errorf("dhcp responder on ifindex %d: attach bpf filter: %w", ifindex, err)
-	}
 	// ETH_P_ALL, not ETH_P_IP: only "all protocols" taps run before tc
-	// ingress, which on the tap redirects or drops what the VM sends. The
-	// filter does the selecting.
-	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: dhcpHtons(unix.ETH_P_ALL), Ifindex: ifindex}); err != nil {
+	// ingress, which on the tap redirects or drops what the VM sends. Listen
+	// attaches the filter before it binds, so no other frame gets queued.
+	// It uses only the Index of the interface (and the MAC in errors).
+	ifi := &net.Interface{Index: ifindex, HardwareAddr: srcMAC}
+	conn, err := packet.Listen(ifi, packet.Raw, unix.ETH_P_ALL, &packet.Config{Filter: filter})
+	if err != nil {
 		if errors.Is(err, unix.ENODEV) {
 			err = fmt.Errorf("%w: %w", errdefs.ErrNotFound, err)
 		}
-		return nil, fmt.Errorf("dhcp responder: bind packet socket to ifindex %d: %w", ifindex, err)
-	}
-	file := os.NewFile(uintptr(fd), fmt.Sprintf("dhcp-packet-socket-%d", ifindex))
-	fd = -1 // owned by file now
-	defer func() {
-		if retErr != nil {
-			_ = file.Close()
-		}
-	}()
-	raw, err := file.SyscallConn()
-	if err != nil {
-		return nil, fmt.Errorf("dhcp responder on ifindex %d: %w", ifindex, err)
+		return nil, fmt.Errorf("dhcp responder: open packet socket on ifindex %d: %w", ifindex, err)
 	}
 	return &Responder{
 		ifindex: ifindex,
 		srcMAC:  append(net.HardwareAddr(nil), srcMAC...),
 		lease:   lease,
 		log:     logger.WithField("ifindex", ifindex),
-		file:    file,
-		raw:     raw,
+		conn:    conn,
 	}, nil
 }
 
@@ -120,64 +98,40 @@ func NewResponder(ifindex int, srcMAC net.HardwareAddr, lease Lease, logger *log
 // Serve must not be called concurrently with itself. Errors on single
 // packets are logged at debug level and do not stop it.
 func (r *Responder) Serve(ctx context.Context) error {
-	if err := r.file.SetReadDeadline(time.Time{}); err != nil {
+	if err := r.conn.SetReadDeadline(time.Time{}); err != nil {
 		if r.isClosed(err) {
 			return nil
 		}
 		return fmt.Errorf("dhcp responder on ifindex %d: %w", r.ifindex, err)
 	}
 	// A deadline in the past wakes the blocked read when ctx is done.
-	stop := context.AfterFunc(ctx, func() { _ = r.file.SetReadDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, func() { _ = r.conn.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()
 
 	buf := make([]byte, 1<<16)
 	for ctx.Err() == nil {
-		n, from, err := r.recv(buf)
+		n, _, err := r.conn.ReadFrom(buf)
 		switch {
 		case ctx.Err() != nil, err != nil && r.isClosed(err):
 			return nil
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			// Left by the context of an earlier Serve. Clear it, then look
 			// at ctx again: a cancel from now on sets a new deadline.
-			if err := r.file.SetReadDeadline(time.Time{}); err != nil && !r.isClosed(err) {
+			if err := r.conn.SetReadDeadline(time.Time{}); err != nil && !r.isClosed(err) {
 				return fmt.Errorf("dhcp responder on ifindex %d: %w", r.ifindex, err)
 			}
 			continue
-		case errors.Is(err, unix.ENETDOWN), errors.Is(err, unix.ENOBUFS), errors.Is(err, unix.EINTR):
+		case errors.Is(err, unix.ENETDOWN), errors.Is(err, unix.ENOBUFS):
 			r.log.WithError(err).Debug("dhcp receive")
 			continue
 		case err != nil:
 			return fmt.Errorf("dhcp responder: receive on ifindex %d: %w", r.ifindex, err)
-		}
-		if from != nil && from.Pkttype == unix.PACKET_OUTGOING {
-			continue
 		}
 		if err := r.answer(buf[:n]); err != nil {
 			r.log.WithError(err).Debug("dhcp packet dropped")
 		}
 	}
 	return nil
-}
-
-// recv reads one frame, waiting in the runtime poller.
-func (r *Responder) recv(buf []byte) (int, *unix.SockaddrLinklayer, error) {
-	var (
-		n    int
-		from unix.Sockaddr
-		rerr error
-	)
-	err := r.raw.Read(func(fd uintptr) bool {
-		n, from, rerr = unix.Recvfrom(int(fd), buf, 0)
-		return !errors.Is(rerr, unix.EAGAIN)
-	})
-	if err == nil {
-		err = rerr
-	}
-	if err != nil {
-		return 0, nil, err
-	}
-	ll, _ := from.(*unix.SockaddrLinklayer)
-	return n, ll, nil
 }
 
 // answer handles one received frame and sends the reply, if any.
@@ -216,35 +170,27 @@ func (r *Responder) answer(frame []byte) error {
 
 // send writes one frame to the interface, waiting at most dhcpWriteTimeout.
 func (r *Responder) send(frame []byte, dstMAC net.HardwareAddr) error {
-	if err := r.file.SetWriteDeadline(time.Now().Add(dhcpWriteTimeout)); err != nil {
+	if err := r.conn.SetWriteDeadline(time.Now().Add(dhcpWriteTimeout)); err != nil {
 		return err
 	}
-	to := &unix.SockaddrLinklayer{Protocol: dhcpHtons(unix.ETH_P_IP), Ifindex: r.ifindex, Halen: 6}
-	copy(to.Addr[:], dstMAC)
-	var werr error
-	err := r.raw.Write(func(fd uintptr) bool {
-		werr = unix.Sendto(int(fd), frame, 0, to)
-		return !errors.Is(werr, unix.EAGAIN)
-	})
-	if err != nil {
-		return err
-	}
-	return werr
+	_, err := r.conn.WriteTo(frame, &packet.Addr{HardwareAddr: dstMAC})
+	return err
 }
 
 // Close closes the socket; a running Serve returns nil.
 func (r *Responder) Close() error {
 	r.closeOnce.Do(func() {
 		r.closed.Store(true)
-		if err := r.file.Close(); err != nil {
+		if err := r.conn.Close(); err != nil {
 			r.closeErr = fmt.Errorf("close dhcp responder on ifindex %d: %w", r.ifindex, err)
 		}
 	})
 	return r.closeErr
 }
 
-// isClosed reports whether err comes from a socket closed by Close. The
-// runtime poller reports a closed descriptor with an unexported error.
+// isClosed reports whether err comes from a socket closed by Close. A read
+// blocked at Close fails with the runtime poller's unexported error, a later
+// one with EBADF.
 func (r *Responder) isClosed(err error) bool {
 	return r.closed.Load() || errors.Is(err, os.ErrClosed)
 }
@@ -284,12 +230,4 @@ func cloneDHCPLease(l Lease) Lease {
 		c.Routes = append(c.Routes, n)
 	}
 	return c
-}
-
-// dhcpHtons converts a 16-bit value to network byte order as stored in host
-// memory.
-func dhcpHtons(v uint16) uint16 {
-	var b [2]byte
-	binary.BigEndian.PutUint16(b[:], v)
-	return binary.NativeEndian.Uint16(b[:])
 }

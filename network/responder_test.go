@@ -472,6 +472,63 @@ func TestResponderStops(t *testing.T) {
 	})
 }
 
+// TestResponderIgnoresFramesToGuest sends a DISCOVER from the lease's MAC
+// out of dhcps0, as tc does with what the pod network sends to the VM. The
+// socket bound to all protocols sees it, and must leave it alone.
+func TestResponderIgnoresFramesToGuest(t *testing.T) {
+	setNS := checkNoLeaks(t)
+	lease := testLease(t)
+	serverMAC := net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x01}
+	ns, idx := newTestNetns(t, serverMAC, lease.MAC)
+	setNS(ns)
+
+	logger, hook := logtest.NewNullLogger()
+	logger.SetLevel(logrus.DebugLevel)
+	r := newTestResponder(t, ns, idx, serverMAC, lease, logrus.NewEntry(logger))
+	t.Cleanup(func() { _ = r.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := serve(ctx, r)
+
+	toGuest := requestFrame(t, lease.MAC, testMessage(t, lease.MAC, dhcpv4.MessageTypeDiscover).ToBytes())
+	marker := clientFrame(t, []byte("not dhcp"))
+	err := inNetns(ns, func() error {
+		ifc, err := net.InterfaceByName(testClientIf)
+		if err != nil {
+			return err
+		}
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		// The first frame leaves dhcps0; the marker, received on dhcps0
+		// after it, shows the responder got past it.
+		for _, s := range []struct {
+			ifindex int
+			frame   []byte
+		}{{idx, toGuest}, {ifc.Index, marker}} {
+			to := &unix.SockaddrLinklayer{Ifindex: s.ifindex, Halen: 6}
+			copy(to.Addr[:], broadcastMAC)
+			if err := unix.Sendto(fd, s.frame, 0, to); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("send frames: %v", err)
+	}
+	waitLog(t, hook, func(e *logrus.Entry) bool { return e.Message == "dhcp packet dropped" })
+	for _, e := range hook.AllEntries() {
+		if e.Data["mac"] != nil {
+			t.Errorf("responder handled a frame sent to the guest: %s %v", e.Message, e.Data)
+		}
+	}
+	cancel()
+	waitServe(t, done, "context cancel")
+}
+
 func TestNewResponderErrors(t *testing.T) {
 	lease := testLease(t)
 	mac := net.HardwareAddr{0x02, 0, 0, 0, 0, 1}
