@@ -13,7 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/vmshim/vmshim/image"
+	"github.com/vmshim/vmshim/cloudinit"
 )
 
 // slow is how long one fuzz input may take: every parser here answers in
@@ -164,7 +164,7 @@ func checkResolved(t *testing.T, cfg Config, spec *specs.Spec, vm *VM, err error
 // ResolveShares accepted, as the shim hands it over at create.
 func checkSeed(t *testing.T, spec *specs.Spec, vm *VM, shares []Share) {
 	t.Helper()
-	ci := image.CloudInit{
+	ci := cloudinit.Documents{
 		InstanceID:    "vmshim-c1",
 		Hostname:      spec.Hostname,
 		UserData:      vm.UserData,
@@ -174,7 +174,7 @@ func checkSeed(t *testing.T, spec *specs.Spec, vm *VM, shares []Share) {
 		NetworkConfig: vm.NetworkConfig,
 	}
 	for _, s := range shares {
-		ci.Mounts = append(ci.Mounts, image.CloudMount{Tag: s.Tag, Path: s.GuestPath, ReadOnly: s.ReadOnly})
+		ci.Mounts = append(ci.Mounts, cloudinit.Mount{Tag: s.Tag, Path: s.GuestPath, ReadOnly: s.ReadOnly})
 	}
 	if _, err := ci.Files(); err != nil {
 		t.Fatalf("config accepts what the cloud-init seed refuses: %v", err)

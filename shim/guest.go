@@ -8,8 +8,8 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/vmshim/vmshim/cloudinit"
 	"github.com/vmshim/vmshim/config"
-	"github.com/vmshim/vmshim/image"
 	"github.com/vmshim/vmshim/network"
 	"github.com/vmshim/vmshim/qemu"
 )
@@ -23,12 +23,12 @@ var hostEnv = map[string]bool{"PATH": true, "HOME": true, "HOSTNAME": true, "TER
 
 // shares exposes the container's volumes to the guest over virtio-9p and
 // returns them for the guest to mount.
-func shares(ctx context.Context, spec *specs.Spec, qs *qemu.Spec) []image.CloudMount {
+func shares(ctx context.Context, spec *specs.Spec, qs *qemu.Spec) []cloudinit.Mount {
 	list, skipped := config.ResolveShares(spec)
-	var mounts []image.CloudMount
+	var mounts []cloudinit.Mount
 	for i, s := range list {
 		qs.Shares = append(qs.Shares, qemu.Share{ID: fmt.Sprintf("%d", i), Tag: s.Tag, Path: s.HostPath, ReadOnly: s.ReadOnly})
-		mounts = append(mounts, image.CloudMount{Tag: s.Tag, Path: s.GuestPath, ReadOnly: s.ReadOnly})
+		mounts = append(mounts, cloudinit.Mount{Tag: s.Tag, Path: s.GuestPath, ReadOnly: s.ReadOnly})
 	}
 	if len(skipped) > 0 {
 		log.G(ctx).WithField("mounts", strings.Join(skipped, "; ")).Info("mounts not shared with the vm")
@@ -37,8 +37,8 @@ func shares(ctx context.Context, spec *specs.Spec, qs *qemu.Spec) []image.CloudM
 }
 
 // cloudInitFiles are the files of the VM's cloud-init NoCloud seed.
-func cloudInitFiles(ns string, spec *specs.Spec, desc *config.VM, mounts []image.CloudMount, nics []network.NIC) (map[string][]byte, error) {
-	ci := image.CloudInit{
+func cloudInitFiles(ns string, spec *specs.Spec, desc *config.VM, mounts []cloudinit.Mount, nics []network.NIC) (map[string][]byte, error) {
+	ci := cloudinit.Documents{
 		InstanceID:    instanceID(ns, desc.ID, spec),
 		Hostname:      hostname(spec),
 		UserData:      desc.UserData,

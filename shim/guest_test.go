@@ -7,8 +7,8 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/vmshim/vmshim/cloudinit"
 	"github.com/vmshim/vmshim/config"
-	"github.com/vmshim/vmshim/image"
 	"github.com/vmshim/vmshim/network"
 )
 
@@ -32,11 +32,11 @@ func TestCloudInitFiles(t *testing.T) {
 	desc := &config.VM{ID: "vm1", Env: []string{"PATH=/usr/bin", "GREETING=hi", "HOME=/root"}, SSHAuthorizedKeys: nil}
 	mac, _ := net.ParseMAC("52:54:00:12:34:56")
 	files, err := cloudInitFiles("k8s.io", spec, desc,
-		[]image.CloudMount{{Tag: "vmshim0", Path: "/data", ReadOnly: true}}, []network.NIC{{Name: "eth0", MAC: mac}})
+		[]cloudinit.Mount{{Tag: "vmshim0", Path: "/data", ReadOnly: true}}, []network.NIC{{Name: "eth0", MAC: mac}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{image.SeedMetaData, image.SeedUserData} {
+	for _, name := range []string{cloudinit.SeedMetaData, cloudinit.SeedUserData} {
 		if _, ok := files[name]; !ok {
 			t.Errorf("seed lacks %s", name)
 		}

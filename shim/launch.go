@@ -19,6 +19,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/vmshim/vmshim/cloudinit"
 	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/hostdev"
 	"github.com/vmshim/vmshim/image"
@@ -48,7 +49,7 @@ type launch struct {
 	rootDir  string // the rootfs the image is in
 	img      image.QEMUImg
 	binary   string // QEMU, an absolute path
-	mounts   []image.CloudMount
+	mounts   []cloudinit.Mount
 	console  net.Conn
 	nsPath   string
 	hooks    *ociHooks
@@ -382,7 +383,7 @@ func (c *launch) seed(context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := image.WriteSeed(f, files); err != nil {
+	if err := cloudinit.WriteSeed(f, files); err != nil {
 		return fmt.Errorf("cloud-init seed: %w", err)
 	}
 	// QEMU opens the seed read-only: it needs a read-only fd of it.

@@ -13,6 +13,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/vmshim/vmshim/cloudinit"
 	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/image"
 	"github.com/vmshim/vmshim/qemu"
@@ -95,7 +96,7 @@ func passedFile(t *testing.T, c *launch, fd int, path string, access int) {
 func TestLaunchSeed(t *testing.T) {
 	ctx, logs := testLogger(t)
 	c := testLaunch(t, map[string]string{"/etc/hostname": "vm"})
-	c.mounts = []image.CloudMount{{Tag: "vmshim0", Path: "/data", ReadOnly: true}}
+	c.mounts = []cloudinit.Mount{{Tag: "vmshim0", Path: "/data", ReadOnly: true}}
 	if err := c.seed(ctx); err != nil {
 		t.Fatalf("seed: %v", err)
 	}

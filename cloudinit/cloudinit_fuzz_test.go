@@ -1,4 +1,4 @@
-package image
+package cloudinit
 
 import (
 	"bytes"
@@ -65,12 +65,12 @@ func FuzzCloudInit(f *testing.F) {
 	}
 	py := newPyBatch(f)
 	f.Fuzz(func(t *testing.T, instanceID, hostname, userData, sshKeys, env, tag, path string, readOnly bool, macs, networkConfig string) {
-		ci := CloudInit{InstanceID: instanceID, Hostname: hostname, UserData: userData, NetworkConfig: networkConfig}
+		ci := Documents{InstanceID: instanceID, Hostname: hostname, UserData: userData, NetworkConfig: networkConfig}
 		ci.SSHKeys = splitNonEmpty(sshKeys, "\n")
 		ci.Env = splitNonEmpty(env, "\n")
 		ci.MACs = splitNonEmpty(macs, ",")
 		if tag != "" || path != "" {
-			ci.Mounts = []CloudMount{{Tag: tag, Path: path, ReadOnly: readOnly}}
+			ci.Mounts = []Mount{{Tag: tag, Path: path, ReadOnly: readOnly}}
 		}
 		files, err := ci.Files()
 		if err != nil {
@@ -86,7 +86,7 @@ func FuzzCloudInit(f *testing.F) {
 }
 
 // checkCloudInitFiles reads back the documents of a rendered seed.
-func checkCloudInitFiles(t *testing.T, py *pyBatch, ci CloudInit, files map[string][]byte) {
+func checkCloudInitFiles(t *testing.T, py *pyBatch, ci Documents, files map[string][]byte) {
 	t.Helper()
 	meta := map[string]any{"instance-id": ci.InstanceID}
 	if ci.Hostname != "" {
@@ -158,7 +158,7 @@ func checkCloudInitFiles(t *testing.T, py *pyBatch, ci CloudInit, files map[stri
 
 // checkShimConfig checks what the shim adds against ci, without the code
 // that renders it.
-func checkShimConfig(t *testing.T, ci CloudInit, shim map[string]any) {
+func checkShimConfig(t *testing.T, ci Documents, shim map[string]any) {
 	t.Helper()
 	if keys, _ := shim["ssh_authorized_keys"].([]any); len(keys) != len(ci.SSHKeys) {
 		t.Errorf("%d ssh keys added, want %d", len(keys), len(ci.SSHKeys))

@@ -1,4 +1,4 @@
-package image
+package cloudinit
 
 import (
 	"crypto/sha256"
@@ -36,19 +36,19 @@ const (
 // guest booting when a share is missing.
 const mountOptions = "trans=virtio,version=9p2000.L,msize=262144,nofail"
 
-// CloudInit is what a VM's NoCloud seed says.
-type CloudInit struct {
+// Documents is what a VM's NoCloud seed says.
+type Documents struct {
 	InstanceID, Hostname string
-	UserData             string       // "" for none
-	SSHKeys              []string     // authorized keys for the default user
-	Env                  []string     // KEY=VALUE, the container's environment
-	Mounts               []CloudMount // 9p shares to mount
-	MACs                 []string     // guest NICs in order, for the default network-config
-	NetworkConfig        string       // user-supplied network-config; "" = DHCP on every MAC
+	UserData             string   // "" for none
+	SSHKeys              []string // authorized keys for the default user
+	Env                  []string // KEY=VALUE, the container's environment
+	Mounts               []Mount  // 9p shares to mount
+	MACs                 []string // guest NICs in order, for the default network-config
+	NetworkConfig        string   // user-supplied network-config; "" = DHCP on every MAC
 }
 
-// CloudMount is a 9p share the guest mounts at boot.
-type CloudMount struct {
+// Mount is a 9p share the guest mounts at boot.
+type Mount struct {
 	Tag, Path string
 	ReadOnly  bool
 }
@@ -65,7 +65,7 @@ var (
 
 // Files renders the seed: meta-data, user-data and, unless there is
 // nothing to say, network-config.
-func (c CloudInit) Files() (map[string][]byte, error) {
+func (c Documents) Files() (map[string][]byte, error) {
 	if c.InstanceID == "" {
 		return nil, invalidf("cloud-init: instance id is empty")
 	}
@@ -89,7 +89,7 @@ func (c CloudInit) Files() (map[string][]byte, error) {
 
 // networkConfig is the user's network-config, else DHCP on every MAC
 // (version 2, matched by MAC, interfaces keep their names), else nil.
-func (c CloudInit) networkConfig() ([]byte, error) {
+func (c Documents) networkConfig() ([]byte, error) {
 	if c.NetworkConfig != "" {
 		return []byte(c.NetworkConfig), nil
 	}
@@ -116,7 +116,7 @@ func (c CloudInit) networkConfig() ([]byte, error) {
 }
 
 // userData merges the shim's cloud-config into the user's user-data.
-func (c CloudInit) userData() ([]byte, error) {
+func (c Documents) userData() ([]byte, error) {
 	shim, err := c.shimConfig()
 	if err != nil {
 		return nil, err
@@ -144,7 +144,7 @@ func (c CloudInit) userData() ([]byte, error) {
 
 // shimConfig is the shim's own cloud-config: keys, environment files and
 // mounts, each key present only when it has entries.
-func (c CloudInit) shimConfig() (map[string]any, error) {
+func (c Documents) shimConfig() (map[string]any, error) {
 	doc := map[string]any{}
 	if len(c.SSHKeys) > 0 {
 		keys := make([]any, 0, len(c.SSHKeys))

@@ -1,4 +1,4 @@
-package image
+package cloudinit
 
 import (
 	"bytes"
@@ -43,7 +43,7 @@ func shimEnvFiles(envFile, profile string) []any {
 func TestCloudInitFiles(t *testing.T) {
 	tests := []struct {
 		name        string
-		ci          CloudInit
+		ci          Documents
 		wantMeta    map[string]any
 		wantNetwork any         // parsed network-config; nil = no file
 		wantNetRaw  string      // exact network-config, when set
@@ -55,14 +55,14 @@ func TestCloudInitFiles(t *testing.T) {
 	}{
 		{
 			name:     "instance id only",
-			ci:       CloudInit{InstanceID: "i-1"},
+			ci:       Documents{InstanceID: "i-1"},
 			wantMeta: map[string]any{"instance-id": "i-1"},
 			wantUser: map[string]any{},
 			wantRaw:  "#cloud-config\n{}\n",
 		},
 		{
 			name:     "hostname and nics",
-			ci:       CloudInit{InstanceID: "i-1", Hostname: "vm1", MACs: []string{mac0, "52:54:00:AB:CD:EF"}},
+			ci:       Documents{InstanceID: "i-1", Hostname: "vm1", MACs: []string{mac0, "52:54:00:AB:CD:EF"}},
 			wantMeta: map[string]any{"instance-id": "i-1", "local-hostname": "vm1"},
 			wantNetwork: map[string]any{"version": 2.0, "ethernets": map[string]any{
 				"nic0": map[string]any{"dhcp4": true, "match": map[string]any{"macaddress": mac0}},
@@ -72,7 +72,7 @@ func TestCloudInitFiles(t *testing.T) {
 		},
 		{
 			name:        "user network-config wins",
-			ci:          CloudInit{InstanceID: "i-1", MACs: []string{mac0}, NetworkConfig: "version: 1\nconfig: []\n"},
+			ci:          Documents{InstanceID: "i-1", MACs: []string{mac0}, NetworkConfig: "version: 1\nconfig: []\n"},
 			wantMeta:    map[string]any{"instance-id": "i-1"},
 			wantNetwork: map[string]any{"version": 1.0, "config": []any{}},
 			wantNetRaw:  "version: 1\nconfig: []\n",
@@ -80,9 +80,9 @@ func TestCloudInitFiles(t *testing.T) {
 		},
 		{
 			name: "keys, env and mounts",
-			ci: CloudInit{InstanceID: "i-1", SSHKeys: []string{key1, key2},
+			ci: Documents{InstanceID: "i-1", SSHKeys: []string{key1, key2},
 				Env:    []string{"PATH=/usr/bin:/bin", "EMPTY=", "SPACED=a b", "bad-name=x", "1X=y", "NOEQUALS", "NUL=a\x00b", "_ok=1"},
-				Mounts: []CloudMount{{Tag: "vol-0", Path: "/data/config", ReadOnly: true}, {Tag: "vol_1", Path: "/data/scratch"}}},
+				Mounts: []Mount{{Tag: "vol-0", Path: "/data/config", ReadOnly: true}, {Tag: "vol_1", Path: "/data/scratch"}}},
 			wantMeta: map[string]any{"instance-id": "i-1"},
 			wantUser: map[string]any{
 				"ssh_authorized_keys": []any{key1, key2},
@@ -96,13 +96,13 @@ func TestCloudInitFiles(t *testing.T) {
 		},
 		{
 			name:     "env with no valid entry writes no files",
-			ci:       CloudInit{InstanceID: "i-1", Env: []string{"a-b=1", "=x", "NOEQ"}},
+			ci:       Documents{InstanceID: "i-1", Env: []string{"a-b=1", "=x", "NOEQ"}},
 			wantMeta: map[string]any{"instance-id": "i-1"},
 			wantUser: map[string]any{},
 		},
 		{
 			name: "user cloud-config merged",
-			ci: CloudInit{InstanceID: "i-1", SSHKeys: []string{key2}, Env: []string{"A=1"}, Mounts: []CloudMount{{Tag: "v0", Path: "/mnt/v"}},
+			ci: Documents{InstanceID: "i-1", SSHKeys: []string{key2}, Env: []string{"A=1"}, Mounts: []Mount{{Tag: "v0", Path: "/mnt/v"}},
 				UserData: "#cloud-config\n# a comment\nssh_authorized_keys:\n  - " + key1 + "\nwrite_files:\n  - path: /etc/motd\n    content: |\n      hello\n      world\n    permissions: 0644\n" +
 					"packages: [curl, 'yes', on]\nruncmd:\n  - [sh, -c, 'echo \"$HOME\"']\n  - echo 52:54:00:12:34:56\nbig: 12345678901234567890\nratio: 1.5\nexp: 1.0e+21\nwhen: 2001-12-14\nnothing: ~\n\"on\": quoted key\nmounts:\n",
 			},
@@ -124,20 +124,20 @@ func TestCloudInitFiles(t *testing.T) {
 		},
 		{
 			name:     "user cloud-config empty document",
-			ci:       CloudInit{InstanceID: "i-1", SSHKeys: []string{key1}, UserData: "#cloud-config\n"},
+			ci:       Documents{InstanceID: "i-1", SSHKeys: []string{key1}, UserData: "#cloud-config\n"},
 			wantMeta: map[string]any{"instance-id": "i-1"},
 			wantUser: map[string]any{"ssh_authorized_keys": []any{key1}},
 		},
 		{
 			name:     "user cloud-config verbatim when the shim adds nothing",
-			ci:       CloudInit{InstanceID: "i-1", UserData: "#cloud-config\n# keep me\npackages: [curl]\n"},
+			ci:       Documents{InstanceID: "i-1", UserData: "#cloud-config\n# keep me\npackages: [curl]\n"},
 			wantMeta: map[string]any{"instance-id": "i-1"},
 			wantUser: map[string]any{"packages": []any{"curl"}},
 			wantRaw:  "#cloud-config\n# keep me\npackages: [curl]\n",
 		},
 		{
 			name:        "user script",
-			ci:          CloudInit{InstanceID: "i-1", SSHKeys: []string{key1}, UserData: "#!/bin/sh\necho \"hi\" \r\n\tdone"},
+			ci:          Documents{InstanceID: "i-1", SSHKeys: []string{key1}, UserData: "#!/bin/sh\necho \"hi\" \r\n\tdone"},
 			wantMeta:    map[string]any{"instance-id": "i-1"},
 			wantUser:    map[string]any{"ssh_authorized_keys": []any{key1}},
 			wantSecond:  "#!/bin/sh\necho \"hi\" \r\n\tdone",
@@ -146,13 +146,13 @@ func TestCloudInitFiles(t *testing.T) {
 		},
 		{
 			name:     "user script verbatim when the shim adds nothing",
-			ci:       CloudInit{InstanceID: "i-1", UserData: "#!/bin/sh\necho hi\n"},
+			ci:       Documents{InstanceID: "i-1", UserData: "#!/bin/sh\necho hi\n"},
 			wantMeta: map[string]any{"instance-id": "i-1"},
 			wantRaw:  "#!/bin/sh\necho hi\n",
 		},
 		{
 			name:        "user MIME nested",
-			ci:          CloudInit{InstanceID: "i-1", Env: []string{"A=1"}, UserData: userMIME},
+			ci:          Documents{InstanceID: "i-1", Env: []string{"A=1"}, UserData: userMIME},
 			wantMeta:    map[string]any{"instance-id": "i-1"},
 			wantUser:    map[string]any{"write_files": shimEnvFiles("A=1\n", "export A='1'\n")},
 			wantSecond:  userMIME,
@@ -161,13 +161,13 @@ func TestCloudInitFiles(t *testing.T) {
 		},
 		{
 			name:     "user MIME verbatim when the shim adds nothing",
-			ci:       CloudInit{InstanceID: "i-1", UserData: userMIME},
+			ci:       Documents{InstanceID: "i-1", UserData: userMIME},
 			wantMeta: map[string]any{"instance-id": "i-1"},
 			wantRaw:  userMIME,
 		},
 		{
 			name:     "hostile values",
-			ci:       CloudInit{InstanceID: "i-'1\"", Hostname: hostile, Env: []string{"H=" + hostile, "U=caf\u00e9 \u2028 \x7f \xff"}},
+			ci:       Documents{InstanceID: "i-'1\"", Hostname: hostile, Env: []string{"H=" + hostile, "U=caf\u00e9 \u2028 \x7f \xff"}},
 			wantMeta: map[string]any{"instance-id": "i-'1\"", "local-hostname": hostile},
 			wantUser: map[string]any{"write_files": shimEnvFiles(
 				"H=\"it's \\\"\\$(rm -rf /)\\\" \\`id\\` \\\\n \\$HOME\nsecond: line # no comment\n- not a list\"\nU=\"caf\u00e9 \u2028 \x7f \uFFFD\"\n",
@@ -224,37 +224,37 @@ func TestCloudInitFiles(t *testing.T) {
 func TestCloudInitFilesErrors(t *testing.T) {
 	tests := []struct {
 		name    string
-		ci      CloudInit
+		ci      Documents
 		wantErr string
 	}{
-		{"no instance id", CloudInit{}, "cloud-init: instance id is empty"},
-		{"bad mac", CloudInit{InstanceID: "i", MACs: []string{"52:54:00:12:34"}}, `cloud-init: nic 0: "52:54:00:12:34" is not an ethernet MAC address`},
-		{"long mac", CloudInit{InstanceID: "i", MACs: []string{"00:00:00:00:fe:80:00:00:00:00:00:00:02:00:5e:10:00:00:00:01"}},
+		{"no instance id", Documents{}, "cloud-init: instance id is empty"},
+		{"bad mac", Documents{InstanceID: "i", MACs: []string{"52:54:00:12:34"}}, `cloud-init: nic 0: "52:54:00:12:34" is not an ethernet MAC address`},
+		{"long mac", Documents{InstanceID: "i", MACs: []string{"00:00:00:00:fe:80:00:00:00:00:00:00:02:00:5e:10:00:00:00:01"}},
 			`cloud-init: nic 0: "00:00:00:00:fe:80:00:00:00:00:00:00:02:00:5e:10:00:00:00:01" is not an ethernet MAC address`},
-		{"duplicate mac", CloudInit{InstanceID: "i", MACs: []string{mac0, strings.ToUpper(mac0)}}, "cloud-init: nic 1: MAC address 52:54:00:12:34:56 is used twice"},
-		{"empty tag", CloudInit{InstanceID: "i", Mounts: []CloudMount{{Path: "/a"}}},
+		{"duplicate mac", Documents{InstanceID: "i", MACs: []string{mac0, strings.ToUpper(mac0)}}, "cloud-init: nic 1: MAC address 52:54:00:12:34:56 is used twice"},
+		{"empty tag", Documents{InstanceID: "i", Mounts: []Mount{{Path: "/a"}}},
 			`cloud-init: mount 0: tag "" is not a 9p tag cloud-init keeps ([A-Za-z0-9_-], at most 31, not a device name)`},
-		{"tag with colon", CloudInit{InstanceID: "i", Mounts: []CloudMount{{Tag: "host:/x", Path: "/a"}}},
+		{"tag with colon", Documents{InstanceID: "i", Mounts: []Mount{{Tag: "host:/x", Path: "/a"}}},
 			`cloud-init: mount 0: tag "host:/x" is not a 9p tag cloud-init keeps ([A-Za-z0-9_-], at most 31, not a device name)`},
-		{"tag like a device", CloudInit{InstanceID: "i", Mounts: []CloudMount{{Tag: "vdb1", Path: "/a"}}},
+		{"tag like a device", Documents{InstanceID: "i", Mounts: []Mount{{Tag: "vdb1", Path: "/a"}}},
 			`cloud-init: mount 0: tag "vdb1" is not a 9p tag cloud-init keeps ([A-Za-z0-9_-], at most 31, not a device name)`},
-		{"tag like metadata", CloudInit{InstanceID: "i", Mounts: []CloudMount{{Tag: "ephemeral0", Path: "/a"}}},
+		{"tag like metadata", Documents{InstanceID: "i", Mounts: []Mount{{Tag: "ephemeral0", Path: "/a"}}},
 			`cloud-init: mount 0: tag "ephemeral0" is not a 9p tag cloud-init keeps ([A-Za-z0-9_-], at most 31, not a device name)`},
-		{"tag too long", CloudInit{InstanceID: "i", Mounts: []CloudMount{{Tag: strings.Repeat("a", 32), Path: "/a"}}},
+		{"tag too long", Documents{InstanceID: "i", Mounts: []Mount{{Tag: strings.Repeat("a", 32), Path: "/a"}}},
 			`cloud-init: mount 0: tag "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" is not a 9p tag cloud-init keeps ([A-Za-z0-9_-], at most 31, not a device name)`},
-		{"relative path", CloudInit{InstanceID: "i", Mounts: []CloudMount{{Tag: "v", Path: "a"}}}, `cloud-init: mount 0 (v): path "a" is not an absolute path below /`},
-		{"root path", CloudInit{InstanceID: "i", Mounts: []CloudMount{{Tag: "v", Path: "/"}}}, `cloud-init: mount 0 (v): path "/" is not an absolute path below /`},
-		{"path with space", CloudInit{InstanceID: "i", Mounts: []CloudMount{{Tag: "v", Path: "/my data"}}},
+		{"relative path", Documents{InstanceID: "i", Mounts: []Mount{{Tag: "v", Path: "a"}}}, `cloud-init: mount 0 (v): path "a" is not an absolute path below /`},
+		{"root path", Documents{InstanceID: "i", Mounts: []Mount{{Tag: "v", Path: "/"}}}, `cloud-init: mount 0 (v): path "/" is not an absolute path below /`},
+		{"path with space", Documents{InstanceID: "i", Mounts: []Mount{{Tag: "v", Path: "/my data"}}},
 			`cloud-init: mount 0 (v): path "/my data" has a blank, control character or backslash, which fstab cannot hold`},
-		{"path with newline", CloudInit{InstanceID: "i", Mounts: []CloudMount{{Tag: "v", Path: "/a\nb"}}},
+		{"path with newline", Documents{InstanceID: "i", Mounts: []Mount{{Tag: "v", Path: "/a\nb"}}},
 			`cloud-init: mount 0 (v): path "/a\nb" has a blank, control character or backslash, which fstab cannot hold`},
-		{"unclean path", CloudInit{InstanceID: "i", Mounts: []CloudMount{{Tag: "v", Path: "/a/../b"}}}, `cloud-init: mount 0 (v): path "/a/../b" is not clean`},
-		{"unknown user-data", CloudInit{InstanceID: "i", Env: []string{"A=1"}, UserData: "hello"}, "cloud-init: user-data must start with #cloud-config or #!"},
-		{"unknown user-data, nothing to add", CloudInit{InstanceID: "i", UserData: "Content-Type: text/plain\n\nhello"}, "cloud-init: user-data must start with #cloud-config or #!"},
-		{"cloud-config list", CloudInit{InstanceID: "i", Env: []string{"A=1"}, UserData: "#cloud-config\n- a\n"}, "cloud-init: user-data cloud-config is not a mapping"},
-		{"cloud-config bad yaml", CloudInit{InstanceID: "i", Env: []string{"A=1"}, UserData: "#cloud-config\na: b: c\n"},
+		{"unclean path", Documents{InstanceID: "i", Mounts: []Mount{{Tag: "v", Path: "/a/../b"}}}, `cloud-init: mount 0 (v): path "/a/../b" is not clean`},
+		{"unknown user-data", Documents{InstanceID: "i", Env: []string{"A=1"}, UserData: "hello"}, "cloud-init: user-data must start with #cloud-config or #!"},
+		{"unknown user-data, nothing to add", Documents{InstanceID: "i", UserData: "Content-Type: text/plain\n\nhello"}, "cloud-init: user-data must start with #cloud-config or #!"},
+		{"cloud-config list", Documents{InstanceID: "i", Env: []string{"A=1"}, UserData: "#cloud-config\n- a\n"}, "cloud-init: user-data cloud-config is not a mapping"},
+		{"cloud-config bad yaml", Documents{InstanceID: "i", Env: []string{"A=1"}, UserData: "#cloud-config\na: b: c\n"},
 			"cloud-init: user-data cloud-config: error converting YAML to JSON: yaml: line 2: mapping values are not allowed in this context"},
-		{"cloud-config write_files not a list", CloudInit{InstanceID: "i", Env: []string{"A=1"}, UserData: "#cloud-config\nwrite_files: {}\n"},
+		{"cloud-config write_files not a list", Documents{InstanceID: "i", Env: []string{"A=1"}, UserData: "#cloud-config\nwrite_files: {}\n"},
 			"cloud-init: user-data cloud-config key write_files is not a list"},
 	}
 	for _, tc := range tests {

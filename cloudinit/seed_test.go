@@ -1,4 +1,4 @@
-package image
+package cloudinit
 
 import (
 	"bytes"
@@ -14,6 +14,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/diskfs/go-diskfs/backend/file"
 	"github.com/diskfs/go-diskfs/filesystem/iso9660"
+
+	"github.com/vmshim/vmshim/image"
 )
 
 // seedFiles is a typical seed, with a user-data spanning several blocks.
@@ -32,16 +34,26 @@ func newSeed(t *testing.T) (f *os.File, tmp string) {
 	t.Helper()
 	tmp = t.TempDir()
 	t.Setenv("TMPDIR", tmp)
-	d, err := MakeFilesDir(layout(t, nil))
+	d, err := image.MakeFilesDir(rootfs(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	if f, err = d.Create(SeedName); err != nil {
+	if f, err = d.Create(image.SeedName); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() })
 	return f, tmp
+}
+
+// rootfs is an empty container root filesystem.
+func rootfs(t *testing.T) string {
+	t.Helper()
+	root := filepath.Join(t.TempDir(), "rootfs")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return root
 }
 
 func TestWriteSeed(t *testing.T) {
@@ -62,7 +74,7 @@ func TestWriteSeed(t *testing.T) {
 	if st.Size()%isoBlockSize != 0 {
 		t.Errorf("size %d is not whole %d-byte blocks", st.Size(), isoBlockSize)
 	}
-	assertOnly(t, dir, SeedName)
+	assertOnly(t, dir, image.SeedName)
 	assertOnly(t, tmp)
 	img, err := os.ReadFile(path)
 	if err != nil {
@@ -156,7 +168,7 @@ func TestWriteSeedThroughFile(t *testing.T) {
 	if data, _ := os.ReadFile(host); string(data) != "host" {
 		t.Errorf("the file at the seed's path was written: %q", data)
 	}
-	assertOnly(t, filepath.Dir(path), SeedName, SeedName+".moved")
+	assertOnly(t, filepath.Dir(path), image.SeedName, image.SeedName+".moved")
 	assertOnly(t, tmp)
 }
 
@@ -179,7 +191,7 @@ func TestWriteSeedErrors(t *testing.T) {
 	if st, err := os.Stat(f.Name()); err != nil || st.Size() != 0 {
 		t.Errorf("seed after failures: %v, %v; want it empty", st, err)
 	}
-	assertOnly(t, filepath.Dir(f.Name()), SeedName)
+	assertOnly(t, filepath.Dir(f.Name()), image.SeedName)
 	assertOnly(t, tmp)
 }
 
