@@ -25,24 +25,10 @@ func isSandbox(spec *specs.Spec) bool {
 	return spec.Annotations[containerTypeAnnotation] == "sandbox"
 }
 
-// RunPause is the body of a sandbox's process: it joins the network
-// namespace at args[0], when given, and waits for SIGTERM or SIGINT. The
-// caller's main goroutine must be locked to the main thread (an init
-// func's runtime.LockOSThread), because /proc/PID/ns/net, through which
-// CRI hands the pod's namespace to its containers, is the main thread's.
+// RunPause is the body of a sandbox's process: it drops every privilege
+// and waits for SIGTERM or SIGINT. The shim starts it in the pod's network
+// namespace; args[0] names that namespace, for ps.
 func RunPause(args []string) int {
-	if len(args) > 0 && args[0] != "" {
-		f, err := os.Open(args[0])
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "%s: %v\n", PauseName, err)
-			return 1
-		}
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			fmt.Fprintf(os.Stderr, "%s: join netns %s: %v\n", PauseName, args[0], err)
-			return 1
-		}
-		f.Close()
-	}
 	// It needs no privilege to wait: it drops every one.
 	if err := dropToNobody(); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: drop privileges: %v\n", PauseName, err)
@@ -108,7 +94,10 @@ func launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec, nsPa
 	}
 	cmd := &exec.Cmd{Path: self, Args: []string{PauseName, nsPath}, Dir: "/"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := limits.start(cmd); err != nil {
+	// Forked from a thread in the pod's netns, every thread of the pause
+	// process is there from its start: /proc/PID/ns/net, through which
+	// the CRI hands the namespace to the pod's containers, leads to it.
+	if err := limits.start(cmd, netnsSteps(nsPath)...); err != nil {
 		if cmd.Process != nil {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()

@@ -15,9 +15,8 @@ import (
 
 func init() {
 	// The main goroutine keeps the main thread, whose state /proc/PID/*
-	// shows, to itself: a pod sandbox's pause process joins the pod's
-	// network namespace on it, and the shim never lends it to a goroutine
-	// that moves its thread (into a netns, or a jail for good).
+	// shows, to itself: the shim never lends it to a goroutine that moves
+	// its thread (into a netns, or a jail for good).
 	runtime.LockOSThread()
 }
 
