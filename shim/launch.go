@@ -167,7 +167,7 @@ func program(what, name string) (string, error) {
 
 // claimPod makes this container the pod's one VM.
 func (c *launch) claimPod(context.Context) error {
-	release, err := c.launcher.claimPod(c.spec.Annotations[sandboxIDAnnotation], c.r.ID)
+	release, err := c.launcher.claimPod(c.r.Bundle, c.spec.Annotations[sandboxIDAnnotation], c.r.ID)
 	c.release = release
 	return err
 }

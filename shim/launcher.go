@@ -36,15 +36,13 @@ const runtimeRoot = "/run/vmshim"
 
 // qemuLauncher creates VMs with QEMU from a bundle.
 type qemuLauncher struct {
-	mu        sync.Mutex // guards accels, sandboxes and podVMs
-	accels    map[string]qemu.Accel
-	sandboxes map[string]string // /proc/PID/ns/net of a pause process → the pod netns it joined
-	podVMs    map[string]string // CRI sandbox id → the container whose VM the pod runs
+	mu     sync.Mutex // guards accels, and the pod states in sandbox bundles (claimPod)
+	accels map[string]qemu.Accel
 }
 
 // NewLauncher returns the Launcher that boots VMs with QEMU.
 func NewLauncher() Launcher {
-	return &qemuLauncher{accels: make(map[string]qemu.Accel), sandboxes: make(map[string]string), podVMs: make(map[string]string)}
+	return &qemuLauncher{accels: make(map[string]qemu.Accel)}
 }
 
 // Launch resolves the task's settings, prepares its disks and starts QEMU
@@ -114,57 +112,14 @@ func (l *qemuLauncher) accel(ctx context.Context, mode, binary string) (qemu.Acc
 	return a, nil
 }
 
-// launchSandbox starts a pod sandbox's pause process and remembers the
-// pod netns it joined.
+// launchSandbox starts a pod sandbox's pause process and writes the pod's
+// state, which its VM container's Create reads, into its bundle.
 func (l *qemuLauncher) launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec) (VM, error) {
 	nsPath, _ := specNetns(spec)
-	s, err := launchSandbox(ctx, r, spec, nsPath)
-	if err != nil {
+	if err := writePodState(r.Bundle, podState{}); err != nil {
 		return nil, err
 	}
-	if nsPath != "" {
-		key := fmt.Sprintf("/proc/%d/ns/net", s.Pid())
-		l.mu.Lock()
-		l.sandboxes[key] = nsPath
-		l.mu.Unlock()
-		s.onRelease = func() {
-			l.mu.Lock()
-			delete(l.sandboxes, key)
-			l.mu.Unlock()
-		}
-	}
-	return s, nil
-}
-
-// claimPod makes container id the pod's one VM. A VM pod runs one VM: the
-// VM owns the pod's IP, which two VMs cannot share. The returned func gives
-// the claim back.
-func (l *qemuLauncher) claimPod(sandboxID, id string) (func(), error) {
-	if sandboxID == "" {
-		return func() {}, nil
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if other, ok := l.podVMs[sandboxID]; ok {
-		return nil, fmt.Errorf("pod already runs a VM in container %s; a VM pod has one VM container: %w", other, errdefs.ErrFailedPrecondition)
-	}
-	l.podVMs[sandboxID] = id
-	return func() {
-		l.mu.Lock()
-		delete(l.podVMs, sandboxID)
-		l.mu.Unlock()
-	}, nil
-}
-
-// podNetns maps a /proc/PID/ns/net path of one of this shim's pause
-// processes to the pod netns it joined; other paths are returned as is.
-func (l *qemuLauncher) podNetns(path string) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if p, ok := l.sandboxes[path]; ok {
-		return p
-	}
-	return path
+	return launchSandbox(ctx, r, spec, nsPath)
 }
 
 // idsDir holds the node-wide claims on jail ids (see jail.Claim); on a
@@ -261,7 +216,7 @@ func (l *qemuLauncher) vmNetns(ctx context.Context, ns, id string, spec *specs.S
 	case path != "":
 		// CRI names the pod's netns through the sandbox's pause process;
 		// use the namespace's own path, which outlives that process.
-		return l.podNetns(path), nil
+		return podNetns(path), nil
 	}
 	rec.Netns = taskNetnsPath(ns, id)
 	if err := rec.save(); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 )
 
 // PauseName is argv[0] of a pod sandbox's process: the shim binary run as
@@ -63,16 +64,14 @@ func dropToNobody() error {
 // process in the pod's network namespace, which CRI points the pod's
 // containers at. The namespace itself belongs to the CRI.
 type sandboxVM struct {
-	cmd *exec.Cmd
-	*cgroupLimits
+	cmd      *exec.Cmd
+	limits   *cgroupLimits
 	rec      *record
 	console  net.Conn // the shim's end of a console that stays silent
 	guestEnd net.Conn
 	done     chan struct{}
 	code     int // written before done is closed
 	at       time.Time
-
-	onRelease func() // set by the launcher before the sandbox is used
 }
 
 // launchSandbox starts the pause process of a pod sandbox in the network
@@ -112,7 +111,7 @@ func launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec, nsPa
 		return nil, err
 	}
 	shimEnd, guestEnd := net.Pipe()
-	s := &sandboxVM{cmd: cmd, cgroupLimits: limits, rec: rec, console: shimEnd, guestEnd: guestEnd, done: make(chan struct{})}
+	s := &sandboxVM{cmd: cmd, limits: limits, rec: rec, console: shimEnd, guestEnd: guestEnd, done: make(chan struct{})}
 	go s.wait()
 	return s, nil
 }
@@ -170,6 +169,14 @@ func (s *sandboxVM) Resume(context.Context) error { return nil }
 // GuestAgent is nil: a sandbox runs no guest.
 func (s *sandboxVM) GuestAgent() GuestAgent { return nil }
 
+// Stats reads the sandbox's cgroup.
+func (s *sandboxVM) Stats(ctx context.Context) (proto.Message, error) { return s.limits.Stats(ctx) }
+
+// Update changes the sandbox's cgroup limits.
+func (s *sandboxVM) Update(ctx context.Context, r *specs.LinuxResources) error {
+	return s.limits.Update(ctx, r)
+}
+
 // StartHooks is nil: a sandbox runs no hooks.
 func (s *sandboxVM) StartHooks() StartHooks { return nil }
 
@@ -181,8 +188,5 @@ func (s *sandboxVM) ExitStatus() (int, time.Time) { return s.code, s.at }
 
 // Release removes the sandbox's record.
 func (s *sandboxVM) Release(ctx context.Context) {
-	if s.onRelease != nil {
-		s.onRelease()
-	}
 	s.rec.release(ctx)
 }

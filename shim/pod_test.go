@@ -1,0 +1,128 @@
+package shim
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+// TestMain lets the test binary stand in for a pause process: run as
+// PauseName, it is one.
+func TestMain(m *testing.M) {
+	if filepath.Base(os.Args[0]) == PauseName {
+		os.Exit(RunPause(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+func TestSandboxBundle(t *testing.T) {
+	for id, want := range map[string]string{
+		"abc":   "/state/k8s.io/abc",
+		"":      "",
+		".":     "",
+		"..":    "",
+		"a/b":   "",
+		"a\x00": "",
+	} {
+		if got := sandboxBundle("/state/k8s.io/ctr1", id); got != want {
+			t.Errorf("sandboxBundle(%q) = %q, want %q", id, got, want)
+		}
+	}
+}
+
+// TestClaimPod checks that a pod runs one VM, that the claim lives in the
+// sandbox's bundle (a launcher made after a shim restart sees it), that
+// giving it back frees the pod, and that a container whose sandbox is not
+// a vmshim sandbox claims nothing.
+func TestClaimPod(t *testing.T) {
+	dir := t.TempDir()
+	sandbox, vm1, vm2 := filepath.Join(dir, "sb"), filepath.Join(dir, "vm1"), filepath.Join(dir, "vm2")
+	for _, d := range []string{sandbox, vm1, vm2} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := NewLauncher().(*qemuLauncher)
+	if release, err := l.claimPod(vm1, "sb", "vm1"); err != nil {
+		t.Fatalf("claim without a pod state: %v", err)
+	} else {
+		release()
+	}
+	if err := writePodState(sandbox, podState{}); err != nil {
+		t.Fatal(err)
+	}
+	release, err := l.claimPod(vm1, "sb", "vm1")
+	if err != nil {
+		t.Fatalf("first claim: %v", err)
+	}
+	restarted := NewLauncher().(*qemuLauncher)
+	_, err = restarted.claimPod(vm2, "sb", "vm2")
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "pod already runs a VM in container vm1") {
+		t.Fatalf("second claim after a restart: %v, want the pod's VM named", err)
+	}
+	release()
+	release2, err := restarted.claimPod(vm2, "sb", "vm2")
+	if err != nil {
+		t.Fatalf("claim after release: %v", err)
+	}
+	// An old release does not free a newer claim.
+	release()
+	if st, ok, err := readPodState(sandbox); err != nil || !ok || st.VM != "vm2" {
+		t.Fatalf("pod state %+v, %v, %v; want vm2's claim", st, ok, err)
+	}
+	release2()
+	if st, _, _ := readPodState(sandbox); st.VM != "" {
+		t.Fatalf("pod state %+v after release", st)
+	}
+}
+
+// TestPodNetns checks that the /proc path of a pause process's netns
+// maps to the path it names, and only when both are the same namespace.
+func TestPodNetns(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a pause process drops to nobody, which needs root")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := fmt.Sprintf("/proc/%d/ns/net", os.Getpid()) // the pause process's netns too
+	for _, tc := range []struct{ named, want string }{
+		{own, own},
+		{"/dev/null", ""}, // not its namespace: the /proc path stays
+	} {
+		cmd := &exec.Cmd{Path: self, Args: []string{PauseName, tc.named}}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		proc := fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)
+		want := tc.want
+		if want == "" {
+			want = proc
+		}
+		// The pause process names its namespace from its start.
+		deadline := time.Now().Add(10 * time.Second)
+		got := podNetns(proc)
+		for got != want && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+			got = podNetns(proc)
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		if got != want {
+			t.Errorf("podNetns(%s) naming %s = %q, want %q", proc, tc.named, got, want)
+		}
+	}
+	for _, p := range []string{"/run/netns/x", "/proc/self/ns/net", "/proc/1/x/ns/net", ""} {
+		if got := podNetns(p); got != p {
+			t.Errorf("podNetns(%q) = %q, want it as is", p, got)
+		}
+	}
+}
