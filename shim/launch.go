@@ -165,8 +165,14 @@ func program(what, name string) (string, error) {
 	return p, nil
 }
 
-// claimPod makes this container the pod's one VM.
+// claimPod makes this container the pod's one VM; the record names the
+// claim first, so the delete action gives it back after a crash.
 func (c *launch) claimPod(context.Context) error {
+	if dir := sandboxBundle(c.r.Bundle, c.spec.Annotations[sandboxIDAnnotation]); dir != "" {
+		if err := c.note(func(r *record) { r.Pod = dir }); err != nil {
+			return err
+		}
+	}
 	release, err := c.launcher.claimPod(c.r.Bundle, c.spec.Annotations[sandboxIDAnnotation], c.r.ID)
 	c.release = release
 	return err

@@ -74,8 +74,8 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		do   func(context.Context) error
 	}{
 		{"resolve config", c.resolve},
-		{"claim pod", c.claimPod},
 		{"record", c.record},
+		{"claim pod", c.claimPod},
 		{"rootfs", c.rootfs},
 		{"disks", c.disks},
 		{"host devices", c.hostDevices},

@@ -94,10 +94,19 @@ func (l *qemuLauncher) claimPod(bundle, sandboxID, id string) (func(), error) {
 	return func() {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		if st, ok, err := readPodState(dir); err == nil && ok && st.VM == id {
-			_ = writePodState(dir, podState{})
-		}
+		_ = releasePod(dir, id)
 	}, nil
+}
+
+// releasePod gives back container id's claim on the pod whose sandbox
+// bundle is dir; a claim that is another's, or a pod that is gone, is
+// left as it is.
+func releasePod(dir, id string) error {
+	st, ok, err := readPodState(dir)
+	if err != nil || !ok || st.VM != id {
+		return err
+	}
+	return writePodState(dir, podState{})
 }
 
 // podNetns maps the /proc/PID/ns/net path of a pod sandbox's pause

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -124,5 +125,32 @@ func TestPodNetns(t *testing.T) {
 		if got := podNetns(p); got != p {
 			t.Errorf("podNetns(%q) = %q, want it as is", p, got)
 		}
+	}
+}
+
+// TestRecordReleasesPodClaim checks that the delete action, through the
+// task record, gives back the pod claim of a VM whose shim died.
+func TestRecordReleasesPodClaim(t *testing.T) {
+	dir := t.TempDir()
+	sandbox, bundle := filepath.Join(dir, "sb"), filepath.Join(dir, "vm1")
+	for _, d := range []string{sandbox, bundle} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := writePodState(sandbox, podState{VM: "vm1"}); err != nil {
+		t.Fatal(err)
+	}
+	rec := &record{ID: "vm1", Bundle: bundle, Pod: sandbox}
+	if err := rec.save(); err != nil {
+		t.Fatal(err)
+	}
+	saved, err := readRecord(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved.release(context.Background())
+	if st, ok, err := readPodState(sandbox); err != nil || !ok || st.VM != "" {
+		t.Fatalf("pod state %+v, %v, %v after release; want no VM", st, ok, err)
 	}
 }

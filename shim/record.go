@@ -35,6 +35,7 @@ type record struct {
 	VMFiles    string `json:"vm_files,omitempty"`    // the rootfs in which the shim made the VM's files directory (image.FilesDirName)
 	JailOwner  string `json:"jail_owner,omitempty"`  // the owner of the jail id claim: namespace/id
 	JailID     uint32 `json:"jail_id,omitempty"`     // the VM's claimed jail uid and gid
+	Pod        string `json:"pod,omitempty"`         // the bundle of the pod sandbox whose VM this task may be (podState)
 	Pid        int    `json:"pid,omitempty"`         // the task's process: QEMU, or a sandbox's pause process
 	PidStart   uint64 `json:"pid_start,omitempty"`   // its start time in clock ticks, guards against pid reuse
 	Cgroup     string `json:"cgroup,omitempty"`      // the cgroup the task's process runs in (OCI cgroupsPath)
@@ -118,6 +119,11 @@ func (r *record) release(ctx context.Context) {
 	if r.VMFiles != "" {
 		if err := image.RemoveFilesDir(r.VMFiles); err != nil {
 			logger.WithError(err).Warn("remove the vm's files")
+		}
+	}
+	if r.Pod != "" {
+		if err := releasePod(r.Pod, r.ID); err != nil {
+			logger.WithError(err).Warn("give back the pod's vm")
 		}
 	}
 	if r.JailID != 0 {
