@@ -45,14 +45,28 @@ unit: ## run the unit tests under -race (those needing containerd use it once `m
 	VMSHIM_CONTAINERD=$$([ -x $(CONTAINERD_DIR)/containerd ] && echo $(CONTAINERD_DIR)) $(GO) test -race -count=1 ./...
 
 # How long `make fuzz` runs each fuzz target; `go test` alone replays
-# the seed corpora under testdata/fuzz.
+# the seed corpora under testdata/fuzz. A target fails when fuzzing
+# fails, except for the one failure Go's own fuzz coordinator makes up
+# (go.dev/issue/75804, fixed in Go 1.27): "context deadline exceeded" at
+# the end of FUZZTIME with no failing input written.
 FUZZTIME ?= 10s
 
 fuzz: ## run every Go fuzz target for FUZZTIME (default 10s) each
-	@set -e; for file in $$(git ls-files '*_fuzz_test.go'); do \
+	@set -e; log=$$(mktemp); trap 'rm -f $$log' EXIT; \
+	for file in $$(git ls-files '*_fuzz_test.go'); do \
+		dir=$$(dirname $$file); \
 		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$file); do \
-			echo "fuzz: $$target ($$(dirname $$file)) for $(FUZZTIME)"; \
-			$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s -parallel 1 ./$$(dirname $$file)/; \
+			echo "fuzz: $$target ($$dir) for $(FUZZTIME)"; \
+			before=$$(ls $$dir/testdata/fuzz/$$target 2>/dev/null | wc -l); \
+			$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s -parallel 1 ./$$dir/ 2>&1 | tee $$log; \
+			status=$${PIPESTATUS[0]}; after=$$(ls $$dir/testdata/fuzz/$$target 2>/dev/null | wc -l); \
+			if [ $$status != 0 ]; then \
+				if [ "$$after" = "$$before" ] && grep -qx '    context deadline exceeded' $$log; then \
+					echo "fuzz: $$target stopped at its deadline with no failing input (Go's fuzztime race, go.dev/issue/75804): not a finding"; \
+				else \
+					exit 1; \
+				fi; \
+			fi; \
 		done; \
 	done
 
