@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -48,6 +49,10 @@ type fakeVM struct {
 	killKeepsRunning bool
 	// pidGate, when set, makes the next Pid call wait until it is closed.
 	pidGate chan struct{}
+	// frozen, when set, makes Start, Pause and Resume wait, as calls to a
+	// QEMU stopped with SIGSTOP do, until it is closed, their context
+	// ends or the VM exits (QMP's connection then closes).
+	frozen chan struct{}
 	// agent is the guest agent (nil: none); stats what Stats returns;
 	// updates what Update was given.
 	agent   GuestAgent
@@ -81,8 +86,29 @@ func (v *fakeVM) record(call string) {
 	v.calls = append(v.calls, call)
 }
 
-func (v *fakeVM) Start(context.Context) error {
-	v.record("start")
+// qmp stands for a QMP call: it waits while the VM is frozen.
+func (v *fakeVM) qmp(ctx context.Context, call string) error {
+	v.record(call)
+	v.mu.Lock()
+	frozen := v.frozen
+	v.mu.Unlock()
+	if frozen == nil {
+		return nil
+	}
+	select {
+	case <-frozen:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-v.done:
+		return errors.New("qmp connection closed")
+	}
+}
+
+func (v *fakeVM) Start(ctx context.Context) error {
+	if err := v.qmp(ctx, "start"); err != nil {
+		return err
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.startErr
@@ -104,16 +130,17 @@ func (v *fakeVM) Kill() error {
 	return nil
 }
 
-func (v *fakeVM) Pause(context.Context) error {
-	v.record("pause")
+func (v *fakeVM) Pause(ctx context.Context) error {
+	if err := v.qmp(ctx, "pause"); err != nil {
+		return err
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.pauseErr
 }
 
-func (v *fakeVM) Resume(context.Context) error {
-	v.record("resume")
-	return nil
+func (v *fakeVM) Resume(ctx context.Context) error {
+	return v.qmp(ctx, "resume")
 }
 
 func (v *fakeVM) Done() <-chan struct{} { return v.done }

@@ -15,6 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// vcpuTimeout bounds a QMP call that starts, stops or restarts the vCPUs.
+const vcpuTimeout = 10 * time.Second
+
 // flushTimeout bounds how long an exit waits for the last console output
 // to reach stdout before it is reported.
 const flushTimeout = 2 * time.Second
@@ -33,7 +36,10 @@ type task struct {
 	vm     VM
 	cons   *console
 
-	mu       sync.Mutex // guards st, starting, exitCode, exitedAt and execs; the only writer of st is transition
+	// opMu serializes the calls that change whether the vCPUs run (see
+	// vcpus); it is never taken by kill, state or delete.
+	opMu     sync.Mutex
+	mu       sync.Mutex // guards st, starting, exitCode, exitedAt and execs; the only writer of st is transition; never held across a call to QEMU
 	st       state
 	starting bool // a Start is under way
 	exitCode int
@@ -129,15 +135,37 @@ func (t *task) start(ctx context.Context) error {
 
 // run starts the vCPUs of a task still created.
 func (t *task) run(ctx context.Context) error {
+	return t.vcpus(ctx, "start", stateRunning, t.vm.Start, func(st state) error {
+		if st != stateCreated {
+			return fmt.Errorf("task %s is %s, not created: %w", t.id, st, errdefs.ErrFailedPrecondition)
+		}
+		return nil
+	})
+}
+
+// vcpus runs op, a QMP call that changes whether the vCPUs run, if check
+// accepts the task's state, and then moves the task to state to. The call
+// runs under opMu, not mu, and with a deadline: kill, state and delete
+// never wait behind a QEMU that does not answer (stopped, or stuck), and
+// SIGKILL ends it whatever op is waiting for. A task that exited during
+// the call stays stopped, and the call fails.
+func (t *task) vcpus(ctx context.Context, what string, to state, op func(context.Context) error, check func(state) error) error {
+	t.opMu.Lock()
+	defer t.opMu.Unlock()
+	t.mu.Lock()
+	err := check(t.st)
+	t.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, vcpuTimeout)
+	defer cancel()
+	if err := op(ctx); err != nil {
+		return fmt.Errorf("%s vm %s: %w", what, t.id, err)
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.st != stateCreated {
-		return fmt.Errorf("task %s is %s, not created: %w", t.id, t.st, errdefs.ErrFailedPrecondition)
-	}
-	if err := t.vm.Start(ctx); err != nil {
-		return fmt.Errorf("start vm %s: %w", t.id, err)
-	}
-	return t.transition(stateRunning)
+	return t.transition(to)
 }
 
 // kill delivers a signal the way a VM understands it: SIGTERM, SIGINT and
@@ -170,28 +198,22 @@ func (t *task) kill(ctx context.Context, sig uint32) error {
 
 // pause stops the vCPUs.
 func (t *task) pause(ctx context.Context) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if err := t.st.next(statePaused); err != nil {
-		return fmt.Errorf("task %s: %w", t.id, err)
-	}
-	if err := t.vm.Pause(ctx); err != nil {
-		return fmt.Errorf("pause vm %s: %w", t.id, err)
-	}
-	return t.transition(statePaused)
+	return t.vcpus(ctx, "pause", statePaused, t.vm.Pause, func(st state) error {
+		if err := st.next(statePaused); err != nil {
+			return fmt.Errorf("task %s: %w", t.id, err)
+		}
+		return nil
+	})
 }
 
 // resume restarts the vCPUs of a paused task.
 func (t *task) resume(ctx context.Context) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.st != statePaused {
-		return fmt.Errorf("task %s is %s, not paused: %w", t.id, t.st, errdefs.ErrFailedPrecondition)
-	}
-	if err := t.vm.Resume(ctx); err != nil {
-		return fmt.Errorf("resume vm %s: %w", t.id, err)
-	}
-	return t.transition(stateRunning)
+	return t.vcpus(ctx, "resume", stateRunning, t.vm.Resume, func(st state) error {
+		if st != statePaused {
+			return fmt.Errorf("task %s is %s, not paused: %w", t.id, st, errdefs.ErrFailedPrecondition)
+		}
+		return nil
+	})
 }
 
 // delete releases a stopped task's resources. A created task that never

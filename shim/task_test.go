@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // hookedVM is a fakeVM with OCI-hook-like work around Start.
@@ -72,5 +74,78 @@ func TestTaskStartHookFailureLeavesCreated(t *testing.T) {
 	}
 	if st, _, _ := tk.snapshot(); st != stateCreated {
 		t.Errorf("task is %s, want created", st)
+	}
+}
+
+// TestTaskKillDoesNotWaitForFrozenQEMU freezes the VM's QMP while a pause
+// waits on it, as SIGSTOP does to QEMU: the task's state stays readable,
+// SIGKILL ends the task at once, and the pause then fails.
+func TestTaskKillDoesNotWaitForFrozenQEMU(t *testing.T) {
+	for _, op := range []string{"pause", "resume"} {
+		t.Run(op, func(t *testing.T) {
+			ctx, _ := testLogger(t)
+			vm := newFakeVM(42)
+			tk := newTask(ctx, "vm1", t.TempDir(), stdio{}, &output{}, vm, func(*task) {})
+			t.Cleanup(func() {
+				_ = vm.Kill()
+				_ = tk.cons.Close()
+			})
+			if err := tk.start(context.Background()); err != nil {
+				t.Fatalf("start: %v", err)
+			}
+			if op == "resume" {
+				if err := tk.pause(context.Background()); err != nil {
+					t.Fatalf("pause: %v", err)
+				}
+			}
+			vm.mu.Lock()
+			vm.frozen = make(chan struct{})
+			vm.mu.Unlock()
+			pending := make(chan error, 1)
+			go func() {
+				if op == "pause" {
+					pending <- tk.pause(context.Background())
+				} else {
+					pending <- tk.resume(context.Background())
+				}
+			}()
+			within(t, "the "+op+" call", func() {
+				for vm.count(op) < 1 {
+					time.Sleep(time.Millisecond)
+				}
+			})
+			within(t, "state", func() { tk.snapshot() })
+			within(t, "SIGKILL", func() {
+				if err := tk.kill(context.Background(), uint32(syscall.SIGKILL)); err != nil {
+					t.Errorf("kill: %v", err)
+				}
+			})
+			waitCtx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+			defer cancel()
+			if err := tk.wait(waitCtx); err != nil {
+				t.Fatalf("task did not stop after SIGKILL: %v", err)
+			}
+			if err := <-pending; err == nil {
+				t.Errorf("%s of a VM killed under it succeeded", op)
+			}
+			if st, code, _ := tk.snapshot(); st != stateStopped || code != 137 {
+				t.Errorf("task %s with exit %d, want stopped with 137", st, code)
+			}
+		})
+	}
+}
+
+// within fails the test if fn does not return within waitTimeout.
+func within(t *testing.T, what string, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		fn()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(waitTimeout):
+		t.Fatalf("%s waited behind a call to a frozen QEMU", what)
 	}
 }
