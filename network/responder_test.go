@@ -280,25 +280,44 @@ func checkNoLeaks(t *testing.T) func(ns netns.NsHandle) {
 	}
 }
 
-func TestResponderRoundTrip(t *testing.T) {
-	setNS := checkNoLeaks(t)
-	lease := testLease(t)
-	serverMAC := net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x01}
-	ns, idx := newTestNetns(t, serverMAC, lease.MAC)
-	setNS(ns)
+// testServer is a responder serving in a test netns of its own, its log
+// captured at debug level.
+type testServer struct {
+	ns     netns.NsHandle
+	idx    int // the responder's interface
+	lease  *Lease
+	hook   *logtest.Hook
+	done   <-chan error
+	cancel context.CancelFunc // stops it
+}
 
+// serveInTestNetns starts a testServer in a netns checked for leaks.
+func serveInTestNetns(t *testing.T) *testServer {
+	t.Helper()
+	setNS := checkNoLeaks(t)
+	srv := &testServer{lease: testLease(t)}
+	serverMAC := net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x01}
+	srv.ns, srv.idx = newTestNetns(t, serverMAC, srv.lease.MAC)
+	setNS(srv.ns)
 	logger, hook := logtest.NewNullLogger()
 	logger.SetLevel(logrus.DebugLevel)
-	r := newTestResponder(t, ns, idx, serverMAC, lease, logrus.NewEntry(logger))
+	srv.hook = hook
+	r := newTestResponder(t, srv.ns, srv.idx, serverMAC, srv.lease, logrus.NewEntry(logger))
 	t.Cleanup(func() { _ = r.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := serve(ctx, r)
+	srv.done, srv.cancel = serve(ctx, r), cancel
+	return srv
+}
+
+func TestResponderRoundTrip(t *testing.T) {
+	srv := serveInTestNetns(t)
+	defer srv.cancel()
+	ns, lease, hook, done, cancel := srv.ns, srv.lease, srv.hook, srv.done, srv.cancel
 
 	client := newTestClient(t, ns, lease.MAC, 2*time.Second, 3)
 	defer client.Close()
 
-	reqCtx, reqCancel := context.WithTimeout(ctx, 10*time.Second)
+	reqCtx, reqCancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer reqCancel()
 	got, err := client.Request(reqCtx, dhcpv4.WithBroadcast(true))
 	if err != nil {
@@ -414,7 +433,7 @@ func TestResponderRoundTrip(t *testing.T) {
 	t.Run("foreign mac gets no answer", func(t *testing.T) {
 		foreign := newTestClient(t, ns, net.HardwareAddr{0x52, 0x54, 0x00, 0xaa, 0xbb, 0xcc}, time.Second, 1)
 		defer foreign.Close()
-		fctx, fcancel := context.WithTimeout(ctx, 2*time.Second)
+		fctx, fcancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer fcancel()
 		if offer, err := foreign.DiscoverOffer(fctx); err == nil {
 			t.Fatalf("foreign mac got an offer: %s", offer.Summary())
@@ -476,19 +495,9 @@ func TestResponderStops(t *testing.T) {
 // out of dhcps0, as tc does with what the pod network sends to the VM. The
 // socket bound to all protocols sees it, and must leave it alone.
 func TestResponderIgnoresFramesToGuest(t *testing.T) {
-	setNS := checkNoLeaks(t)
-	lease := testLease(t)
-	serverMAC := net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x01}
-	ns, idx := newTestNetns(t, serverMAC, lease.MAC)
-	setNS(ns)
-
-	logger, hook := logtest.NewNullLogger()
-	logger.SetLevel(logrus.DebugLevel)
-	r := newTestResponder(t, ns, idx, serverMAC, lease, logrus.NewEntry(logger))
-	t.Cleanup(func() { _ = r.Close() })
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := serve(ctx, r)
+	srv := serveInTestNetns(t)
+	defer srv.cancel()
+	ns, idx, lease, hook, done, cancel := srv.ns, srv.idx, srv.lease, srv.hook, srv.done, srv.cancel
 
 	toGuest := requestFrame(t, lease.MAC, testMessage(t, lease.MAC, dhcpv4.MessageTypeDiscover).ToBytes())
 	marker := clientFrame(t, []byte("not dhcp"))
