@@ -122,15 +122,7 @@ func TestQEMUImgArgv(t *testing.T) {
 	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	root, disk := diskRoot(t, "vm.qcow2")
-	if err := os.WriteFile(disk, []byte(qcow2Header), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	b, err := Find(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := qcow2Boot(t)
 	q := QEMUImg{Path: "/usr/bin/qemu-img", Prlimit: fake}
 	if _, err := Inspect(context.Background(), q, b, Limits{}); err == nil {
 		t.Fatal("Inspect() with a failing qemu-img succeeded")
@@ -159,16 +151,8 @@ func TestQEMUImgKilled(t *testing.T) {
 			if err := os.WriteFile(q.Path, []byte(script), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			root, disk := diskRoot(t, "vm.qcow2")
-			if err := os.WriteFile(disk, []byte(qcow2Header), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			b, err := Find(root)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer b.Close()
-			_, err = Inspect(context.Background(), q, b, Limits{})
+			b := qcow2Boot(t)
+			_, err := Inspect(context.Background(), q, b, Limits{})
 			want := "disk /disk/vm.qcow2: qemu-img info was killed ("
 			if err == nil || !strings.HasPrefix(err.Error(), want) || !errdefs.IsFailedPrecondition(err) {
 				t.Fatalf("Inspect() error = %v, want failed precondition %q...", err, want)
@@ -263,4 +247,20 @@ func TestInspectUnjailedReadable(t *testing.T) {
 	if _, err := Inspect(context.Background(), hostQEMUImg(t), b, Limits{}); err != nil {
 		t.Fatalf("Inspect() error = %v", err)
 	}
+}
+
+// qcow2Boot finds a rootfs whose /disk/vm.qcow2 is a bare qcow2 header;
+// the test closes the Boot.
+func qcow2Boot(t *testing.T) *Boot {
+	t.Helper()
+	root, disk := diskRoot(t, "vm.qcow2")
+	if err := os.WriteFile(disk, []byte(qcow2Header), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := Find(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
 }
