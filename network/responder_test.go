@@ -284,7 +284,6 @@ func checkNoLeaks(t *testing.T) func(ns netns.NsHandle) {
 // captured at debug level.
 type testServer struct {
 	ns     netns.NsHandle
-	idx    int // the responder's interface
 	lease  *Lease
 	hook   *logtest.Hook
 	done   <-chan error
@@ -297,12 +296,13 @@ func serveInTestNetns(t *testing.T) *testServer {
 	setNS := checkNoLeaks(t)
 	srv := &testServer{lease: testLease(t)}
 	serverMAC := net.HardwareAddr{0x02, 0x00, 0x00, 0x00, 0x00, 0x01}
-	srv.ns, srv.idx = newTestNetns(t, serverMAC, srv.lease.MAC)
+	ns, idx := newTestNetns(t, serverMAC, srv.lease.MAC)
+	srv.ns = ns
 	setNS(srv.ns)
 	logger, hook := logtest.NewNullLogger()
 	logger.SetLevel(logrus.DebugLevel)
 	srv.hook = hook
-	r := newTestResponder(t, srv.ns, srv.idx, serverMAC, srv.lease, logrus.NewEntry(logger))
+	r := newTestResponder(t, ns, idx, serverMAC, srv.lease, logrus.NewEntry(logger))
 	t.Cleanup(func() { _ = r.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
 	srv.done, srv.cancel = serve(ctx, r), cancel
@@ -362,25 +362,7 @@ func TestResponderRoundTrip(t *testing.T) {
 
 	t.Run("garbage does not stop serve", func(t *testing.T) {
 		frames := [][]byte{clientFrame(t, []byte("not dhcp")), clientFrame(t, make([]byte, 300))}
-		err := inNetns(ns, func() error {
-			ifc, err := net.InterfaceByName(testClientIf)
-			if err != nil {
-				return err
-			}
-			fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
-			if err != nil {
-				return err
-			}
-			defer unix.Close(fd)
-			to := &unix.SockaddrLinklayer{Ifindex: ifc.Index, Halen: 6}
-			copy(to.Addr[:], broadcastMAC)
-			for _, f := range frames {
-				if err := unix.Sendto(fd, f, 0, to); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		err := sendRawFrames(ns, rawFrame{testClientIf, frames[0]}, rawFrame{testClientIf, frames[1]})
 		if err != nil {
 			t.Fatalf("send garbage on %s: %v", testClientIf, err)
 		}
@@ -497,34 +479,13 @@ func TestResponderStops(t *testing.T) {
 func TestResponderIgnoresFramesToGuest(t *testing.T) {
 	srv := serveInTestNetns(t)
 	defer srv.cancel()
-	ns, idx, lease, hook, done, cancel := srv.ns, srv.idx, srv.lease, srv.hook, srv.done, srv.cancel
+	ns, lease, hook, done, cancel := srv.ns, srv.lease, srv.hook, srv.done, srv.cancel
 
 	toGuest := requestFrame(t, lease.MAC, testMessage(t, lease.MAC, dhcpv4.MessageTypeDiscover).ToBytes())
 	marker := clientFrame(t, []byte("not dhcp"))
-	err := inNetns(ns, func() error {
-		ifc, err := net.InterfaceByName(testClientIf)
-		if err != nil {
-			return err
-		}
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		// The first frame leaves dhcps0; the marker, received on dhcps0
-		// after it, shows the responder got past it.
-		for _, s := range []struct {
-			ifindex int
-			frame   []byte
-		}{{idx, toGuest}, {ifc.Index, marker}} {
-			to := &unix.SockaddrLinklayer{Ifindex: s.ifindex, Halen: 6}
-			copy(to.Addr[:], broadcastMAC)
-			if err := unix.Sendto(fd, s.frame, 0, to); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	// The first frame leaves dhcps0; the marker, received on dhcps0 after
+	// it, shows the responder got past it.
+	err := sendRawFrames(ns, rawFrame{testServerIf, toGuest}, rawFrame{testClientIf, marker})
 	if err != nil {
 		t.Fatalf("send frames: %v", err)
 	}
@@ -572,5 +533,34 @@ func TestNewResponderErrors(t *testing.T) {
 		if !errors.Is(err, errdefs.ErrNotFound) {
 			t.Fatalf("NewResponder on ifindex 9999 = %v, want ErrNotFound", err)
 		}
+	})
+}
+
+// rawFrame is a frame to send, broadcast, out of an interface by name.
+type rawFrame struct {
+	ifName string
+	frame  []byte
+}
+
+// sendRawFrames sends frames, in order, through an AF_PACKET socket in ns.
+func sendRawFrames(ns netns.NsHandle, frames ...rawFrame) error {
+	return inNetns(ns, func() error {
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		for _, f := range frames {
+			ifc, err := net.InterfaceByName(f.ifName)
+			if err != nil {
+				return err
+			}
+			to := &unix.SockaddrLinklayer{Ifindex: ifc.Index, Halen: 6}
+			copy(to.Addr[:], broadcastMAC)
+			if err := unix.Sendto(fd, f.frame, 0, to); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 }
