@@ -223,7 +223,9 @@ func runProbe(ctx context.Context, binary string, accel Accel, iterations uint32
 	}()
 
 	started := make(chan time.Time, 1)
+	read := make(chan struct{}) // closed once the first read returned
 	go func() {
+		defer close(read)
 		b := make([]byte, 1)
 		if n, _ := r.Read(b); n == 1 && b[0] == probeMarker {
 			started <- time.Now()
@@ -235,8 +237,18 @@ func runProbe(ctx context.Context, binary string, accel Accel, iterations uint32
 	select {
 	case t0 = <-started:
 	case <-exited:
-		return 0, fmt.Errorf("speed probe: qemu exited with status %d before the loop started: %s",
-			exitCode(cmd.ProcessState), stderr.lastLines(2))
+		// The marker may still be on its way from the pipe: once the
+		// process is gone, the read returns soon.
+		select {
+		case <-read:
+		case <-time.After(time.Second):
+		}
+		select {
+		case t0 = <-started:
+		default:
+			return 0, fmt.Errorf("speed probe: qemu exited with status %d before the loop started: %s",
+				exitCode(cmd.ProcessState), stderr.lastLines(2))
+		}
 	case <-startTimer.C:
 		return 0, fmt.Errorf("speed probe: firmware did not start within %s: %s", probeStartTimeout, stderr.lastLines(2))
 	case <-ctx.Done():
