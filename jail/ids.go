@@ -73,8 +73,12 @@ func Claim(dir string, r IDRange, owner string) (uint32, error) {
 }
 
 // Release gives back id, if owner still holds it; a missing claim is
-// released already.
+// released already. An id of 0, for an owner that crashed before it
+// learned which id Claim gave it, gives back every claim owner holds.
 func Release(dir string, id uint32, owner string) error {
+	if id == 0 {
+		return releaseOwner(dir, owner)
+	}
 	p := idFile(dir, id)
 	data, err := os.ReadFile(p)
 	if errors.Is(err, os.ErrNotExist) {
@@ -92,6 +96,31 @@ func Release(dir string, id uint32, owner string) error {
 	return nil
 }
 
+// releaseOwner gives back the claims in dir that owner holds.
+func releaseOwner(dir, owner string) error {
+	if owner == "" {
+		return nil
+	}
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("release ids of %s: %w", owner, err)
+	}
+	for _, e := range entries {
+		id, err := strconv.ParseUint(e.Name(), 10, 32)
+		if err != nil || id == 0 || !e.Type().IsRegular() {
+			continue
+		}
+		if err := Release(dir, uint32(id), owner); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// idFile is the claim file of id in dir.
 func idFile(dir string, id uint32) string {
 	return filepath.Join(dir, strconv.FormatUint(uint64(id), 10))
 }

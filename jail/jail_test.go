@@ -281,3 +281,37 @@ func TestJailedProcessStatus(t *testing.T) {
 		t.Errorf("the test's thread moved to mount namespace %s", now)
 	}
 }
+
+// TestReleaseByOwner checks that an owner that never learned its id (a
+// crash between Claim and its record) still gives back what it holds,
+// and only that.
+func TestReleaseByOwner(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ids")
+	if err := Release(dir, 0, "ns/vm0"); err != nil {
+		t.Fatalf("release from a missing dir: %v", err)
+	}
+	r := IDRange{First: 200000, Last: 200009}
+	mine, err := Claim(dir, r, "ns/vm0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := Claim(dir, r, "ns/vm1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Release(dir, 0, "ns/vm0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(idFile(dir, mine)); !os.IsNotExist(err) {
+		t.Errorf("claim %d still there (%v)", mine, err)
+	}
+	if _, err := os.Stat(idFile(dir, theirs)); err != nil {
+		t.Errorf("another owner's claim went: %v", err)
+	}
+	if err := Release(dir, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(idFile(dir, theirs)); err != nil {
+		t.Errorf("a release with no owner freed a claim: %v", err)
+	}
+}
