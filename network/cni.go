@@ -27,10 +27,6 @@ type CNIConfig struct {
 	ConfDir  string   // e.g. /etc/cni/net.d
 	BinDirs  []string // e.g. /opt/cni/bin, /usr/lib/cni
 	CacheDir string   // libcni cache dir; "" = libcni default (/var/lib/cni)
-	// Record, when set, is called once with the attachment before ADD
-	// runs, so that a caller can write down what Detach needs before
-	// anything changes. If Record fails, nothing runs.
-	Record func(*CNIAttachment) error
 }
 
 // CNIAttachment is one attachment, JSON-serialisable so it can be recorded in the bundle and undone later.
@@ -45,10 +41,24 @@ type CNIAttachment struct {
 	IPs         []string // CIDRs from the result, for logs and tests
 }
 
-// AttachCNI runs ADD for the network on netns with ifName "eth0"; on error it runs DEL so nothing is left.
-// containerID must be unique and stable for the attachment (e.g. "<namespace>-<id>"). The plugins
-// run in the caller's network namespace, so host-side devices such as a bridge appear there.
-func AttachCNI(ctx context.Context, c CNIConfig, containerID, netns string) (_ *CNIAttachment, retErr error) {
+// AttachCNI runs ADD for the network on netns with ifName "eth0": PrepareCNI,
+// then Attach.
+func AttachCNI(ctx context.Context, c CNIConfig, containerID, netns string) (*CNIAttachment, error) {
+	a, err := PrepareCNI(ctx, c, containerID, netns)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.Attach(ctx); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// PrepareCNI finds the network and its plugins and returns the attachment
+// that Attach makes and Detach undoes; it changes nothing, so a caller can
+// write the attachment down first. containerID must be unique and stable
+// for the attachment (e.g. "<namespace>-<id>").
+func PrepareCNI(ctx context.Context, c CNIConfig, containerID, netns string) (*CNIAttachment, error) {
 	if err := checkAttachArgs(c, containerID, netns); err != nil {
 		return nil, err
 	}
@@ -77,10 +87,19 @@ func AttachCNI(ctx context.Context, c CNIConfig, containerID, netns string) (_ *
 	if err := a.checkPlugins(list); err != nil {
 		return nil, err
 	}
-	if c.Record != nil {
-		if err := c.Record(a); err != nil {
-			return nil, fmt.Errorf("cni network %q: record attachment: %w", a.Network, err)
-		}
+	return a, nil
+}
+
+// Attach runs ADD and notes the addresses it gave; on error it runs DEL
+// so nothing is left. The plugins run in the caller's network namespace,
+// so host-side devices such as a bridge appear there.
+func (a *CNIAttachment) Attach(ctx context.Context) (retErr error) {
+	list, err := libcni.ConfListFromBytes(a.ConfList)
+	if err != nil {
+		return fmt.Errorf("cni network %q: conflist: %w: %w", a.Network, err, errdefs.ErrInvalidArgument)
+	}
+	if err := a.checkPlugins(list); err != nil {
+		return err
 	}
 	res, err := a.cni().AddNetworkList(ctx, list, a.runtimeConf())
 	defer func() {
@@ -90,21 +109,22 @@ func AttachCNI(ctx context.Context, c CNIConfig, containerID, netns string) (_ *
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
 		if derr := a.Detach(cctx); derr != nil {
-			log.G(ctx).WithError(derr).WithField("netns", netns).Warn("undo cni add")
+			log.G(ctx).WithError(derr).WithField("netns", a.Netns).Warn("undo cni add")
 		}
 	}()
 	if err != nil {
-		return nil, fmt.Errorf("cni network %q add on netns %s: %w", a.Network, netns, cniError(ctx, err))
+		return fmt.Errorf("cni network %q add on netns %s: %w", a.Network, a.Netns, cniError(ctx, err))
 	}
 	cur, err := types100.NewResultFromResult(res)
 	if err != nil {
-		return nil, fmt.Errorf("cni network %q add on netns %s: result: %w", a.Network, netns, err)
+		return fmt.Errorf("cni network %q add on netns %s: result: %w", a.Network, a.Netns, err)
 	}
+	a.IPs = nil
 	for _, ip := range cur.IPs {
 		a.IPs = append(a.IPs, ip.Address.String())
 	}
-	log.G(ctx).WithFields(log.Fields{"cni_network": a.Network, "netns": netns, "ips": a.IPs}).Info("cni network attached")
-	return a, nil
+	log.G(ctx).WithFields(log.Fields{"cni_network": a.Network, "netns": a.Netns, "ips": a.IPs}).Info("cni network attached")
+	return nil
 }
 
 // Detach runs DEL; a netns that no longer exists still gets DEL (plugins must release IPAM); idempotent.

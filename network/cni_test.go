@@ -240,34 +240,24 @@ func TestCNIAttachDetach(t *testing.T) {
 	}
 }
 
-// TestCNIRecordBeforeAdd checks that Record sees the attachment before ADD
-// changes anything, and that a failing Record stops AttachCNI there.
-func TestCNIRecordBeforeAdd(t *testing.T) {
+// TestCNIPrepareBeforeAdd checks that PrepareCNI gives the attachment
+// without changing anything, and that Attach then adds it.
+func TestCNIPrepareBeforeAdd(t *testing.T) {
 	e := newCNIEnv(t)
 	ctx := testCtx(t)
-	var recorded *CNIAttachment
-	c := e.conf
-	c.Record = func(a *CNIAttachment) error {
-		if leases := e.leases(); len(leases) != 0 {
-			t.Errorf("leases %v exist when Record runs", leases)
-		}
-		recorded = a
-		return nil
-	}
-	a, err := e.attach(ctx, c, "default-rec")
+	a, err := PrepareCNI(ctx, e.conf, "default-rec", e.podPath)
 	if err != nil {
-		t.Fatalf("AttachCNI: %v", err)
+		t.Fatalf("PrepareCNI: %v", err)
 	}
-	if recorded != a || len(recorded.ConfList) == 0 {
-		t.Fatalf("Record got %+v, want the attachment returned", recorded)
+	if leases := e.leases(); len(leases) != 0 || len(a.ConfList) == 0 || len(a.IPs) != 0 {
+		t.Fatalf("after PrepareCNI: leases %v, attachment %+v", leases, a)
 	}
-
-	c.Record = func(*CNIAttachment) error { return errors.New("disk full") }
-	if _, err := e.attach(ctx, c, "default-norec"); err == nil || !strings.Contains(err.Error(), "disk full") {
-		t.Fatalf("AttachCNI with a failing Record: %v", err)
+	if err := runInNS(e.host, func() error { return a.Attach(ctx) }); err != nil {
+		t.Fatalf("Attach: %v", err)
 	}
-	if leases := e.leases(); len(leases) != 1 {
-		t.Errorf("leases %v, want only default-rec's", leases)
+	t.Cleanup(func() { _ = e.detach(context.Background(), a) })
+	if leases := e.leases(); len(leases) != 1 || len(a.IPs) != 1 {
+		t.Errorf("after Attach: leases %v, ips %v, want one", leases, a.IPs)
 	}
 }
 

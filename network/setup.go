@@ -24,11 +24,6 @@ type Options struct {
 	Hostname   string // offered to the guest (DHCP option 12)
 	ResolvConf string // path of the pod's resolv.conf; "" or a missing file means no DNS options
 	Logger     *logrus.Entry
-	// Record, when set, is called exactly once, after the netns has been
-	// read and before anything in it changes, with everything Restore needs
-	// to undo Setup from any partial point. The shim writes it to the
-	// bundle there. If Record fails, Setup changes nothing.
-	Record func(*State) error
 }
 
 // NIC is one guest network card.
@@ -57,15 +52,35 @@ type Network struct {
 
 // Setup wires every CNI interface of the netns at nsPath (a file such as
 // /var/run/netns/cni-xxx or /proc/PID/ns/net) to a tap for the guest, in
-// ifindex order. On failure it undoes everything it did. An empty netns
-// (only lo) yields a Network with no NICs. Setup writes nothing outside
-// the netns.
-func Setup(ctx context.Context, nsPath string, opts Options) (_ *Network, retErr error) {
+// ifindex order: Inspect, then Wire.
+func Setup(ctx context.Context, nsPath string, opts Options) (*Network, error) {
+	pl, err := Inspect(ctx, nsPath, opts)
+	if err != nil {
+		return nil, err
+	}
+	return pl.Wire(ctx)
+}
+
+// Plan is a pod netns that has been read but not yet changed. Its State is
+// everything Restore needs to undo Wire from any partial point, so a
+// caller can write it down before Wire changes anything.
+type Plan struct {
+	p            *podNS
+	pl           *plan
+	opts         Options
+	logger       *logrus.Entry
+	dns          []net.IP
+	search       []string
+	used, closed bool
+}
+
+// Inspect reads the netns at nsPath and the pod's resolv.conf, and
+// changes nothing. The Plan holds the netns open until Wire or Close.
+func Inspect(ctx context.Context, nsPath string, opts Options) (*Plan, error) {
 	logger := opts.Logger
 	if logger == nil {
 		logger = log.G(ctx)
 	}
-	logger = logger.WithField("netns", nsPath)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -82,14 +97,31 @@ func Setup(ctx context.Context, nsPath string, opts Options) (_ *Network, retErr
 		p.Close()
 		return nil, err
 	}
-	if opts.Record != nil {
-		if err := opts.Record(pl.state.clone()); err != nil {
-			p.Close()
-			return nil, fmt.Errorf("record network state of netns %s: %w", nsPath, err)
-		}
+	return &Plan{p: p, pl: pl, opts: opts, logger: logger.WithField("netns", nsPath), dns: dns, search: search}, nil
+}
+
+// State is what Restore needs to undo Wire.
+func (pl *Plan) State() *State { return pl.pl.state.clone() }
+
+// Close lets go of a Plan that will not be wired.
+func (pl *Plan) Close() {
+	if !pl.used && !pl.closed {
+		pl.closed = true
+		pl.p.Close()
 	}
+}
+
+// Wire wires every CNI interface of the plan to a tap for the guest, in
+// ifindex order. On failure it undoes everything it did. An empty netns
+// (only lo) yields a Network with no NICs. Wire writes nothing outside
+// the netns. A Plan is wired at most once.
+func (pl *Plan) Wire(ctx context.Context) (_ *Network, retErr error) {
+	if pl.used || pl.closed {
+		return nil, fmt.Errorf("netns %s: plan already used: %w", pl.p.path, errdefs.ErrFailedPrecondition)
+	}
+	pl.used = true
 	srvCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	n := &Network{p: p, state: &pl.state, logger: logger, cancel: cancel}
+	n := &Network{p: pl.p, state: &pl.pl.state, logger: pl.logger, cancel: cancel}
 	defer func() {
 		if retErr == nil {
 			return
@@ -97,21 +129,21 @@ func Setup(ctx context.Context, nsPath string, opts Options) (_ *Network, retErr
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer ccancel()
 		if err := n.Teardown(cctx); err != nil {
-			// The recorded State still lets Restore finish the job.
-			logger.WithError(err).Warn("undo partial network setup")
+			// The State still lets Restore finish the job.
+			pl.logger.WithError(err).Warn("undo partial network setup")
 			n.p.Close()
 		}
 	}()
-	for i := range pl.nics {
+	for i := range pl.pl.nics {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if err := n.wire(srvCtx, &pl.nics[i], dns, search, opts.Hostname); err != nil {
+		if err := n.wire(srvCtx, &pl.pl.nics[i], pl.dns, pl.search, pl.opts.Hostname); err != nil {
 			return nil, err
 		}
 	}
 	n.startForwarder(srvCtx)
-	logger.WithField("nics", len(n.nics)).Debug("pod network wired")
+	pl.logger.WithField("nics", len(n.nics)).Debug("pod network wired")
 	return n, nil
 }
 

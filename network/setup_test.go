@@ -160,15 +160,22 @@ func TestSetupTwoInterfacesAndRecord(t *testing.T) {
 	eth0 := e.addLink("eth0", 99, bridgeLike)
 	net1 := e.addLink("net1", 98, sideLink)
 	before := e.snapshot()
-	var recorded []*State
-	n, err := Setup(ctx, e.path, Options{Record: func(st *State) error {
-		recorded = append(recorded, st)
-		return nil
-	}})
+	pl, err := Inspect(ctx, e.path, Options{})
 	if err != nil {
-		t.Fatalf("setup: %v", err)
+		t.Fatalf("inspect: %v", err)
+	}
+	recorded := pl.State()
+	if after := e.snapshot(); after != before {
+		t.Errorf("inspect changed the netns\n--- before\n%s\n--- after\n%s", before, after)
+	}
+	n, err := pl.Wire(ctx)
+	if err != nil {
+		t.Fatalf("wire: %v", err)
 	}
 	defer n.Teardown(ctx)
+	if _, err := pl.Wire(ctx); err == nil {
+		t.Error("a plan wired twice")
+	}
 	nics := n.NICs()
 	if len(nics) != 2 || nics[0].Name != "eth0" || nics[1].Name != "net1" {
 		t.Fatalf("nics = %+v, want eth0 then net1", nics)
@@ -181,11 +188,8 @@ func TestSetupTwoInterfacesAndRecord(t *testing.T) {
 		len(l.Routes) != 1 || routeString(l.Routes[0]) != "169.254.1.2/32 on-link" {
 		t.Errorf("net1 lease = %+v", l)
 	}
-	if len(recorded) != 1 {
-		t.Fatalf("record called %d times, want once", len(recorded))
-	}
-	if got, want := mustJSON(t, recorded[0]), mustJSON(t, n.State()); got != want {
-		t.Errorf("recorded state differs from State():\n%s\n%s", got, want)
+	if got, want := mustJSON(t, recorded), mustJSON(t, n.State()); got != want {
+		t.Errorf("planned state differs from State():\n%s\n%s", got, want)
 	}
 	if err := n.Teardown(ctx); err != nil {
 		t.Fatal(err)
@@ -204,18 +208,24 @@ func mustJSON(t *testing.T, v any) string {
 	return string(b)
 }
 
-func TestSetupRecordFails(t *testing.T) {
+// TestInspectThenClose checks that a plan that is closed instead of wired
+// leaves the netns as it was, and cannot be wired afterwards.
+func TestInspectThenClose(t *testing.T) {
 	ctx := testCtx(t)
 	e := newPodEnv(t)
 	e.addLink("eth0", 99, bridgeLike)
 	before := e.snapshot()
-	boom := errors.New("disk full")
-	_, err := Setup(ctx, e.path, Options{Record: func(*State) error { return boom }})
-	if !errors.Is(err, boom) {
-		t.Fatalf("setup error = %v, want %v", err, boom)
+	pl, err := Inspect(ctx, e.path, Options{})
+	if err != nil {
+		t.Fatalf("inspect: %v", err)
+	}
+	pl.Close()
+	pl.Close()
+	if _, err := pl.Wire(ctx); err == nil {
+		t.Error("a closed plan was wired")
 	}
 	if after := e.snapshot(); after != before {
-		t.Errorf("netns changed although record failed\n--- before\n%s\n--- after\n%s", before, after)
+		t.Errorf("netns changed although the plan was closed\n--- before\n%s\n--- after\n%s", before, after)
 	}
 }
 

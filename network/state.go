@@ -14,7 +14,7 @@ import (
 )
 
 // State is everything Restore needs to undo Setup, kept as JSON in the
-// bundle. Setup hands it to Options.Record before its first change.
+// bundle. Inspect gives it (Plan.State) before Wire changes anything.
 type State struct {
 	NetNS   string       `json:"netns"`              // path Setup was given
 	NetNSID string       `json:"netns_id,omitempty"` // device and inode, so a reused path is not touched

@@ -29,10 +29,11 @@ import (
 )
 
 // launch is one Create on its way through Launch's steps: what the steps
-// have resolved, opened and made so far. Everything made on the host is
-// named in rec before it is made, so rollback (and the delete action after
-// a crash) undoes it through rec.release; the files it opened are closed
-// once QEMU holds its own copies.
+// have resolved, opened and made so far. Everything a step makes on the
+// host is pushed on the undo stack of rec, the task record (see
+// record.push), so rollback, Delete and the delete action after a crash
+// all undo it through rec.release; the files it opened are closed once
+// QEMU holds its own copies.
 type launch struct {
 	launcher *qemuLauncher
 	r        *CreateRequest
@@ -44,7 +45,6 @@ type launch struct {
 	desc     *config.VM
 	rec      *record
 	filesDir *image.FilesDir // the VM's files directory in the rootfs, once made
-	release  func()          // gives the pod's VM slot back
 	boot     *image.Boot
 	rootDir  string // the rootfs the image is in
 	img      image.QEMUImg
@@ -63,13 +63,6 @@ type launch struct {
 	fds   qemu.FDSet
 	sets  int        // fd sets filed so far
 	files []*os.File // closed once QEMU has started
-}
-
-// note changes the task record and writes it to the bundle, before the
-// resource it names is made.
-func (c *launch) note(change func(*record)) error {
-	change(c.rec)
-	return c.rec.save()
 }
 
 // keep has f closed once QEMU has started, or the launch failed.
@@ -111,21 +104,15 @@ func (c *launch) closeFiles() {
 	}
 }
 
-// rollback undoes what the steps made, newest first.
+// rollback undoes what the steps made, newest first, as Delete would.
 func (c *launch) rollback(ctx context.Context) {
 	if c.console != nil {
 		c.console.Close()
 	}
-	if c.netw != nil {
-		if err := c.netw.Teardown(ctx); err != nil {
-			c.logger.WithError(err).Warn("undo pod network")
-		}
-	}
 	if c.rec != nil {
-		c.rec.release(ctx)
-	}
-	if c.release != nil {
-		c.release()
+		if err := c.rec.release(ctx); err != nil {
+			c.logger.WithError(err).Warn("undo failed create; the delete action retries")
+		}
 	}
 }
 
@@ -165,32 +152,34 @@ func program(what, name string) (string, error) {
 	return p, nil
 }
 
-// claimPod makes this container the pod's one VM; the record names the
-// claim first, so the delete action gives it back after a crash.
+// claimPod makes this container its pod's one VM.
 func (c *launch) claimPod(context.Context) error {
-	if dir := sandboxBundle(c.r.Bundle, c.spec.Annotations[sandboxIDAnnotation]); dir != "" {
-		if err := c.note(func(r *record) { r.Pod = dir }); err != nil {
-			return err
-		}
+	dir := sandboxBundle(c.r.Bundle, c.spec.Annotations[sandboxIDAnnotation])
+	if dir == "" {
+		return nil
 	}
-	release, err := c.launcher.claimPod(c.r.Bundle, c.spec.Annotations[sandboxIDAnnotation], c.r.ID)
-	c.release = release
-	return err
+	if err := c.rec.push(madePod, func(r *record) { r.Pod = dir }); err != nil {
+		return err
+	}
+	return claimPod(dir, c.r.ID)
 }
 
 // record starts the task record, claims the VM's jail ids and makes its
 // runtime directory.
 func (c *launch) record(context.Context) error {
-	c.rec = &record{ID: c.r.ID, Bundle: c.r.Bundle, RuntimeDir: runtimeDir(c.ns, c.r.ID)}
+	c.rec = &record{ID: c.r.ID, Bundle: c.r.Bundle}
 	owner := c.ns + "/" + c.r.ID
-	if err := c.note(func(r *record) { r.JailOwner = owner }); err != nil {
+	if err := c.rec.push(madeJailID, func(r *record) { r.JailOwner = owner }); err != nil {
 		return err
 	}
 	id, err := jail.Claim(idsDir, c.cfg.JailIDRange(), owner)
 	if err != nil {
 		return fmt.Errorf("config jail_ids: %w", err)
 	}
-	if err := c.note(func(r *record) { r.JailID = id }); err != nil {
+	// Saved by the next push; until then, release finds the claim by its
+	// owner.
+	c.rec.JailID = id
+	if err := c.rec.push(madeRuntimeDir, func(r *record) { r.RuntimeDir = runtimeDir(c.ns, c.r.ID) }); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(c.rec.RuntimeDir, 0o700); err != nil {
@@ -211,7 +200,7 @@ func (c *launch) newJail(name string) *jail.Jail {
 func (c *launch) rootfs(context.Context) error {
 	c.rootDir = filepath.Join(c.r.Bundle, "rootfs")
 	if len(c.r.Rootfs) > 0 {
-		if err := c.note(func(r *record) { r.Rootfs = c.rootDir }); err != nil {
+		if err := c.rec.push(madeRootfs, func(r *record) { r.Rootfs = c.rootDir }); err != nil {
 			return err
 		}
 		if err := mount.All(c.r.Rootfs, c.rootDir); err != nil {
@@ -254,8 +243,9 @@ func (c *launch) disks(ctx context.Context) error {
 }
 
 // create makes a file in the VM's files directory of the rootfs, making
-// the directory first; the record names the directory once it is the
-// shim's, so only what this create made is ever removed.
+// the directory first. The directory is pushed only once made, as an
+// image that has one already is refused: so only what the shim made is
+// ever removed.
 func (c *launch) create(name string) (*os.File, error) {
 	if c.filesDir == nil {
 		dir, err := image.MakeFilesDir(c.rootDir)
@@ -263,7 +253,7 @@ func (c *launch) create(name string) (*os.File, error) {
 			return nil, err
 		}
 		c.filesDir = dir
-		if err := c.note(func(r *record) { r.VMFiles = c.rootDir }); err != nil {
+		if err := c.rec.push(madeVMFiles, func(r *record) { r.VMFiles = c.rootDir }); err != nil {
 			return nil, err
 		}
 	}
@@ -345,7 +335,7 @@ func (c *launch) network(ctx context.Context) error {
 	if c.hooks.any() {
 		// From here on, poststop hooks run whatever happens, as the
 		// runtime spec asks of a failed create too.
-		if err := c.note(func(r *record) { r.Poststop, r.HookNetns = true, c.nsPath }); err != nil {
+		if err := c.rec.push(madePoststop, func(r *record) { r.Poststop, r.HookNetns = true, c.nsPath }); err != nil {
 			return err
 		}
 		if err := c.hooks.create(ctx); err != nil {
@@ -360,15 +350,20 @@ func (c *launch) network(ctx context.Context) error {
 	if c.nsPath == "" {
 		return nil
 	}
-	c.netw, err = network.Setup(ctx, c.nsPath, network.Options{
+	pl, err := network.Inspect(ctx, c.nsPath, network.Options{
 		Hostname: hostname(c.spec), ResolvConf: podResolvConf(c.spec), Logger: c.logger,
-		Record: func(st *network.State) error {
-			return c.note(func(r *record) { r.Network = st })
-		},
 	})
 	if err != nil {
 		return fmt.Errorf("pod network: %w", err)
 	}
+	if err := c.rec.push(madeNetwork, func(r *record) { r.Network = pl.State() }); err != nil {
+		pl.Close()
+		return err
+	}
+	if c.netw, err = pl.Wire(ctx); err != nil {
+		return fmt.Errorf("pod network: %w", err)
+	}
+	c.rec.net = c.netw
 	for i, nic := range c.netw.NICs() {
 		c.qs.NICs = append(c.qs.NICs, qemu.NIC{ID: fmt.Sprintf("net%d", i), TapFD: c.fds.Add(nic.Tap), MAC: nic.MAC.String()})
 	}
@@ -520,12 +515,12 @@ func (c *launch) qemu(ctx context.Context) (err error) {
 		return fmt.Errorf("start vm %s: %w", c.r.ID, err)
 	}
 	pidStart, _ := processStart(vm.Pid())
-	if err := c.note(func(r *record) { r.Pid, r.PidStart = vm.Pid(), pidStart }); err != nil {
+	if err := c.rec.push(madeProcess, func(r *record) { r.Pid, r.PidStart = vm.Pid(), pidStart }); err != nil {
 		_ = vm.Kill()
 		<-vm.Done()
 		stderr.Close()
 		return err
 	}
-	c.vm = &qemuVM{proc: vm, limits: c.limits, console: c.console, rec: c.rec, stderr: stderr, network: c.netw, hooks: c.hooks, onRelease: c.release}
+	c.vm = &qemuVM{proc: vm, limits: c.limits, console: c.console, rec: c.rec, stderr: stderr, hooks: c.hooks}
 	return nil
 }

@@ -36,7 +36,7 @@ const runtimeRoot = "/run/vmshim"
 
 // qemuLauncher creates VMs with QEMU from a bundle.
 type qemuLauncher struct {
-	mu     sync.Mutex // guards accels, and the pod states in sandbox bundles (claimPod)
+	mu     sync.Mutex // guards accels
 	accels map[string]qemu.Accel
 }
 
@@ -218,8 +218,7 @@ func (l *qemuLauncher) vmNetns(ctx context.Context, ns, id string, spec *specs.S
 		// use the namespace's own path, which outlives that process.
 		return podNetns(path), nil
 	}
-	rec.Netns = taskNetnsPath(ns, id)
-	if err := rec.save(); err != nil {
+	if err := rec.push(madeNetns, func(r *record) { r.Netns = taskNetnsPath(ns, id) }); err != nil {
 		return "", err
 	}
 	if err := createNetns(rec.Netns); err != nil {
@@ -231,7 +230,7 @@ func (l *qemuLauncher) vmNetns(ctx context.Context, ns, id string, spec *specs.S
 
 // attachCNI puts the namespace the shim made for the task on the CNI
 // network cni_network names, unless hooks have given it a network already
-// (nerdctl does). The attachment is recorded before ADD, so that release,
+// (nerdctl does). The attachment is pushed before ADD, so that release,
 // or the delete action after a crash, detaches it.
 func attachCNI(ctx context.Context, cfg config.Config, ns, id string, rec *record) error {
 	empty, err := netnsIsEmpty(rec.Netns)
@@ -242,14 +241,16 @@ func attachCNI(ctx context.Context, cfg config.Config, ns, id string, rec *recor
 		log.G(ctx).WithField("id", id).Info("hooks gave the network namespace interfaces; cni_network not attached")
 		return nil
 	}
-	att, err := network.AttachCNI(ctx, network.CNIConfig{
+	att, err := network.PrepareCNI(ctx, network.CNIConfig{
 		Network: cfg.CNINetwork, ConfDir: cfg.CNIConfDir, BinDirs: cfg.CNIBinDirs,
-		Record: func(a *network.CNIAttachment) error {
-			rec.CNI = a
-			return rec.save()
-		},
 	}, ns+"-"+id, rec.Netns)
 	if err != nil {
+		return fmt.Errorf("config cni_network: %w", err)
+	}
+	if err := rec.push(madeCNI, func(r *record) { r.CNI = att }); err != nil {
+		return err
+	}
+	if err := att.Attach(ctx); err != nil {
 		return fmt.Errorf("config cni_network: %w", err)
 	}
 	log.G(ctx).WithFields(log.Fields{"id": id, "network": att.Network, "ips": att.IPs}).Info("cni network attached")
@@ -291,10 +292,7 @@ type qemuVM struct {
 	console net.Conn
 	rec     *record
 	stderr  io.Closer
-	network *network.Network // nil without a pod network
 	hooks   *ociHooks
-
-	onRelease func() // gives the pod back its VM slot
 }
 
 // Pid is QEMU's process id.
@@ -355,16 +353,11 @@ func (v *qemuVM) afterStart(ctx context.Context) {
 	v.hooks.runAll(ctx, phasePoststart, specs.StateRunning, v.Pid())
 }
 
-// Release frees what the VM held once QEMU has exited.
+// Release frees what the VM held once QEMU has exited: its record's undo
+// stack.
 func (v *qemuVM) Release(ctx context.Context) {
 	v.stderr.Close()
-	if v.network != nil {
-		if err := v.network.Teardown(ctx); err != nil {
-			log.G(ctx).WithError(err).WithField("id", v.rec.ID).Warn("tear down pod network")
-		} else {
-			v.rec.Network = nil // restored; nothing left for release to redo
-		}
+	if err := v.rec.release(ctx); err != nil {
+		log.G(ctx).WithError(err).WithField("id", v.rec.ID).Warn("release vm")
 	}
-	v.rec.release(ctx)
-	v.onRelease()
 }

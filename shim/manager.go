@@ -169,7 +169,10 @@ func (m manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 		return status, nil
 	}
 	status.Pid = rec.Pid
-	rec.release(ctx)
+	if err := rec.release(ctx); err != nil {
+		// The record keeps what is left, for the next delete.
+		log.G(ctx).WithError(err).WithField("id", id).Warn("delete action")
+	}
 	return status, nil
 }
 

@@ -70,43 +70,59 @@ func readPodState(sandboxBundle string) (st podState, ok bool, err error) {
 	return st, true, nil
 }
 
-// claimPod makes container id, whose bundle is bundle, the VM of the pod
-// sandboxID names ("" for none); the returned func gives the claim back.
-func (l *qemuLauncher) claimPod(bundle, sandboxID, id string) (func(), error) {
-	dir := sandboxBundle(bundle, sandboxID)
-	if dir == "" {
-		return func() {}, nil
+// claimPod makes container id the VM of the pod whose sandbox bundle is
+// dir; a bundle with no pod state is not a vmshim sandbox's, and is left
+// alone.
+func claimPod(dir, id string) error {
+	unlock, err := lockPod(dir)
+	if err != nil {
+		return err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	defer unlock()
 	st, ok, err := readPodState(dir)
 	switch {
 	case err != nil:
-		return nil, err
+		return err
 	case !ok:
-		return func() {}, nil // not a vmshim sandbox's container
+		return nil
 	case st.VM != "" && st.VM != id:
-		return nil, fmt.Errorf("pod already runs a VM in container %s; a VM pod has one VM container: %w", st.VM, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("pod already runs a VM in container %s; a VM pod has one VM container: %w", st.VM, errdefs.ErrFailedPrecondition)
 	}
-	if err := writePodState(dir, podState{VM: id}); err != nil {
-		return nil, err
-	}
-	return func() {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		_ = releasePod(dir, id)
-	}, nil
+	return writePodState(dir, podState{VM: id})
 }
 
 // releasePod gives back container id's claim on the pod whose sandbox
 // bundle is dir; a claim that is another's, or a pod that is gone, is
 // left as it is.
 func releasePod(dir, id string) error {
+	unlock, err := lockPod(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	st, ok, err := readPodState(dir)
 	if err != nil || !ok || st.VM != id {
 		return err
 	}
 	return writePodState(dir, podState{})
+}
+
+// lockPod takes the pod state's lock, an flock on the sandbox bundle, so
+// claims from any process (a shim, a delete action) are made one at a
+// time.
+func lockPod(dir string) (unlock func(), err error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("lock pod state %s: %w", dir, &os.PathError{Op: "open", Path: dir, Err: err})
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock pod state %s: %w", dir, err)
+	}
+	return func() { unix.Close(fd) }, nil
 }
 
 // podNetns maps the /proc/PID/ns/net path of a pod sandbox's pause

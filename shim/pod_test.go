@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -39,48 +40,79 @@ func TestSandboxBundle(t *testing.T) {
 }
 
 // TestClaimPod checks that a pod runs one VM, that the claim lives in the
-// sandbox's bundle (a launcher made after a shim restart sees it), that
-// giving it back frees the pod, and that a container whose sandbox is not
-// a vmshim sandbox claims nothing.
+// sandbox's bundle (a shim that restarts sees it), that giving it back
+// frees the pod, and that a container whose sandbox is not a vmshim
+// sandbox claims nothing.
 func TestClaimPod(t *testing.T) {
-	dir := t.TempDir()
-	sandbox, vm1, vm2 := filepath.Join(dir, "sb"), filepath.Join(dir, "vm1"), filepath.Join(dir, "vm2")
-	for _, d := range []string{sandbox, vm1, vm2} {
-		if err := os.Mkdir(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
+	sandbox := filepath.Join(t.TempDir(), "sb")
+	if err := os.Mkdir(sandbox, 0o700); err != nil {
+		t.Fatal(err)
 	}
-	l := NewLauncher().(*qemuLauncher)
-	if release, err := l.claimPod(vm1, "sb", "vm1"); err != nil {
+	if err := claimPod(sandbox, "vm1"); err != nil {
 		t.Fatalf("claim without a pod state: %v", err)
-	} else {
-		release()
+	}
+	if _, ok, _ := readPodState(sandbox); ok {
+		t.Fatal("a claim on a bundle without pod state wrote one")
 	}
 	if err := writePodState(sandbox, podState{}); err != nil {
 		t.Fatal(err)
 	}
-	release, err := l.claimPod(vm1, "sb", "vm1")
-	if err != nil {
+	if err := claimPod(sandbox, "vm1"); err != nil {
 		t.Fatalf("first claim: %v", err)
 	}
-	restarted := NewLauncher().(*qemuLauncher)
-	_, err = restarted.claimPod(vm2, "sb", "vm2")
+	err := claimPod(sandbox, "vm2")
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "pod already runs a VM in container vm1") {
-		t.Fatalf("second claim after a restart: %v, want the pod's VM named", err)
+		t.Fatalf("second claim: %v, want the pod's VM named", err)
 	}
-	release()
-	release2, err := restarted.claimPod(vm2, "sb", "vm2")
-	if err != nil {
+	if err := releasePod(sandbox, "vm1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := claimPod(sandbox, "vm2"); err != nil {
 		t.Fatalf("claim after release: %v", err)
 	}
 	// An old release does not free a newer claim.
-	release()
+	if err := releasePod(sandbox, "vm1"); err != nil {
+		t.Fatal(err)
+	}
 	if st, ok, err := readPodState(sandbox); err != nil || !ok || st.VM != "vm2" {
 		t.Fatalf("pod state %+v, %v, %v; want vm2's claim", st, ok, err)
 	}
-	release2()
+	if err := releasePod(sandbox, "vm2"); err != nil {
+		t.Fatal(err)
+	}
 	if st, _, _ := readPodState(sandbox); st.VM != "" {
 		t.Fatalf("pod state %+v after release", st)
+	}
+	if err := releasePod(filepath.Join(sandbox, "gone"), "vm2"); err != nil {
+		t.Errorf("release on a pod that is gone: %v", err)
+	}
+}
+
+// TestClaimPodRace checks that of many containers claiming one pod at
+// once, exactly one gets it.
+func TestClaimPodRace(t *testing.T) {
+	sandbox := t.TempDir()
+	if err := writePodState(sandbox, podState{}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var won []string
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("vm%d", i)
+			if err := claimPod(sandbox, id); err == nil {
+				mu.Lock()
+				won = append(won, id)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if st, _, _ := readPodState(sandbox); len(won) != 1 || st.VM != won[0] {
+		t.Fatalf("claims won by %v, pod state %+v; want exactly one", won, st)
 	}
 }
 

@@ -46,6 +46,74 @@ type record struct {
 	CNI       *network.CNIAttachment `json:"cni,omitempty"`        // the cni_network attachment of Netns
 	Poststop  bool                   `json:"poststop,omitempty"`   // the spec's poststop hooks are still to run
 	HookNetns string                 `json:"hook_netns,omitempty"` // the VM's netns, as hooks were told
+
+	// Made is the undo stack: what the task has made on the host, oldest
+	// first, each named before it is made (see push). release undoes it
+	// newest first.
+	Made []string `json:"made,omitempty"`
+
+	net *network.Network // the pod network this process wired, torn down in place of Restore
+}
+
+// The things a record can name as made, each undone by its undoer.
+const (
+	madeJailID     = "jail-id"
+	madeRuntimeDir = "runtime-dir"
+	madePod        = "pod"
+	madeRootfs     = "rootfs"
+	madeVMFiles    = "vm-files"
+	madeNetns      = "netns"
+	madePoststop   = "poststop-hooks"
+	madeCNI        = "cni"
+	madeNetwork    = "network"
+	madeCgroup     = "cgroup"
+	madeProcess    = "process"
+)
+
+// undoers undo each thing a record names. Each is idempotent, and leaves
+// alone what is not the task's: it may run again after a crash, or after
+// it failed. Tests replace entries to make a step fail.
+var undoers = map[string]func(context.Context, *record) error{
+	madeProcess: func(ctx context.Context, r *record) error { return killProcess(ctx, r.Pid, r.PidStart) },
+	madeCgroup:  func(ctx context.Context, r *record) error { return removeCgroup(ctx, r.Cgroup) },
+	madeNetwork: func(ctx context.Context, r *record) error {
+		if r.net != nil {
+			return r.net.Teardown(ctx)
+		}
+		return network.Restore(ctx, r.Network)
+	},
+	madeCNI: func(ctx context.Context, r *record) error { return r.CNI.Detach(ctx) },
+	madePoststop: func(ctx context.Context, r *record) error {
+		r.runPoststop(ctx)
+		return nil
+	},
+	madeNetns:      func(_ context.Context, r *record) error { return removeNetns(r.Netns) },
+	madeRuntimeDir: func(_ context.Context, r *record) error { return os.RemoveAll(r.RuntimeDir) },
+	madeVMFiles:    func(_ context.Context, r *record) error { return image.RemoveFilesDir(r.VMFiles) },
+	madePod:        func(_ context.Context, r *record) error { return releasePod(r.Pod, r.ID) },
+	madeJailID:     func(_ context.Context, r *record) error { return jail.Release(idsDir, r.JailID, r.JailOwner) },
+	madeRootfs:     func(_ context.Context, r *record) error { return unmountRootfs(r.Rootfs) },
+}
+
+// push notes in the record that the task is about to make what kind
+// names (change fills in the fields its undoer reads) and saves the
+// record: the one place a record is written while a task is made. A
+// thing is pushed before it is made, so that after a crash at any point
+// release undoes it; the process, whose pid is known only once it runs,
+// is pushed just after.
+func (r *record) push(kind string, change func(*record)) error {
+	if _, ok := undoers[kind]; !ok {
+		return fmt.Errorf("task record: nothing undoes %q", kind)
+	}
+	if change != nil {
+		change(r)
+	}
+	r.Made = append(r.Made, kind)
+	if err := r.save(); err != nil {
+		r.Made = r.Made[:len(r.Made)-1]
+		return err
+	}
+	return nil
 }
 
 // save writes the record atomically to the bundle.
@@ -78,70 +146,75 @@ func readRecord(bundle string) (*record, error) {
 	return &r, nil
 }
 
-// release undoes everything the record names, in reverse order of
-// creation, and removes the record. Failures are logged, not returned:
-// release runs on paths (delete action, rollback) that must go on.
-func (r *record) release(ctx context.Context) {
+// release undoes what the record names, newest first, on every path that
+// ends a task: a failed create's rollback, Delete, and the delete action
+// after a crash. An undo that fails stays on the stack, and the record
+// stays in the bundle, so the next release finishes the job; the others go
+// on, and the record is saved after each, so nothing is undone twice.
+// release reports the failures, if any, as one error.
+func (r *record) release(ctx context.Context) error {
 	logger := log.G(ctx).WithField("id", r.ID)
-	if r.Pid > 0 {
-		if err := killProcess(ctx, r.Pid, r.PidStart); err != nil {
-			logger.WithError(err).WithField("pid", r.Pid).Warn("stop task process")
+	stack := r.Made
+	if stack == nil {
+		stack = r.legacyStack()
+	}
+	var failed []string
+	var errs []error
+	for i := len(stack) - 1; i >= 0; i-- {
+		kind := stack[i]
+		undo, ok := undoers[kind]
+		if !ok {
+			logger.WithField("made", kind).Warn("task record names something this shim cannot undo; left as it is")
+			continue
 		}
-	}
-	if r.Cgroup != "" {
-		if err := removeCgroup(ctx, r.Cgroup); err != nil {
-			logger.WithError(err).WithField("cgroup", r.Cgroup).Warn("remove cgroup")
+		if err := undo(ctx, r); err != nil {
+			logger.WithError(err).WithField("made", kind).Warn("undo")
+			failed = append([]string{kind}, failed...)
+			errs = append(errs, fmt.Errorf("%s: %w", kind, err))
 		}
-	}
-	if r.Network != nil {
-		if err := network.Restore(ctx, r.Network); err != nil {
-			logger.WithError(err).Warn("restore pod network")
-		}
-	}
-	if r.CNI != nil {
-		if err := r.CNI.Detach(ctx); err != nil {
-			logger.WithError(err).Warn("detach cni network")
-		}
-	}
-	if r.Poststop {
-		r.runPoststop(ctx)
-	}
-	if r.Netns != "" {
-		if err := removeNetns(r.Netns); err != nil {
-			logger.WithError(err).Warn("remove network namespace")
-		}
-	}
-	if r.RuntimeDir != "" {
-		if err := os.RemoveAll(r.RuntimeDir); err != nil {
-			logger.WithError(err).Warn("remove runtime dir")
-		}
-	}
-	if r.VMFiles != "" {
-		if err := image.RemoveFilesDir(r.VMFiles); err != nil {
-			logger.WithError(err).Warn("remove the vm's files")
-		}
-	}
-	if r.Pod != "" {
-		if err := releasePod(r.Pod, r.ID); err != nil {
-			logger.WithError(err).Warn("give back the pod's vm")
-		}
-	}
-	if r.JailID != 0 {
-		if err := jail.Release(idsDir, r.JailID, r.JailOwner); err != nil {
-			logger.WithError(err).Warn("release jail id")
-		}
-	}
-	if r.Rootfs != "" {
-		if err := mount.UnmountRecursive(r.Rootfs, 0); err != nil {
-			logger.WithError(err).Warn("unmount rootfs, retrying detached")
-			if err := mount.UnmountRecursive(r.Rootfs, unix.MNT_DETACH); err != nil {
-				logger.WithError(err).Warn("unmount rootfs")
+		r.Made = append(append([]string{}, stack[:i]...), failed...)
+		if i > 0 || len(failed) > 0 {
+			if err := r.save(); err != nil {
+				logger.WithError(err).Warn("save task record")
 			}
 		}
 	}
-	if err := os.Remove(filepath.Join(r.Bundle, recordFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		logger.WithError(err).Warn("remove task record")
+	if len(failed) > 0 {
+		return fmt.Errorf("release task %s: %w", r.ID, errors.Join(errs...))
 	}
+	if err := os.Remove(filepath.Join(r.Bundle, recordFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove task record: %w", err)
+	}
+	return nil
+}
+
+// legacyStack is the undo stack of a record written without one: what its
+// fields name, in the order a task makes them.
+func (r *record) legacyStack() []string {
+	var stack []string
+	for _, m := range []struct {
+		kind string
+		set  bool
+	}{
+		{madeJailID, r.JailID != 0}, {madeRuntimeDir, r.RuntimeDir != ""}, {madePod, r.Pod != ""},
+		{madeRootfs, r.Rootfs != ""}, {madeVMFiles, r.VMFiles != ""}, {madeNetns, r.Netns != ""},
+		{madePoststop, r.Poststop}, {madeCNI, r.CNI != nil}, {madeNetwork, r.Network != nil},
+		{madeCgroup, r.Cgroup != ""}, {madeProcess, r.Pid > 0},
+	} {
+		if m.set {
+			stack = append(stack, m.kind)
+		}
+	}
+	return stack
+}
+
+// unmountRootfs unmounts the rootfs the shim mounted, detaching it when a
+// plain unmount fails.
+func unmountRootfs(rootfs string) error {
+	if err := mount.UnmountRecursive(rootfs, 0); err != nil {
+		return mount.UnmountRecursive(rootfs, unix.MNT_DETACH)
+	}
+	return nil
 }
 
 // runPoststop runs the spec's poststop hooks once, after the VM and its
@@ -154,9 +227,6 @@ func (r *record) runPoststop(ctx context.Context) {
 	}
 	newOCIHooks(r.ID, r.Bundle, spec, r.HookNetns).runAll(ctx, phasePoststop, specs.StateStopped, 0)
 	r.Poststop = false
-	if err := r.save(); err != nil {
-		log.G(ctx).WithError(err).WithField("id", r.ID).Warn("record poststop hooks as run")
-	}
 }
 
 // killProcess sends SIGKILL to pid if it is still the process that started

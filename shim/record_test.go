@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,6 +27,7 @@ func TestRecordRoundTrip(t *testing.T) {
 		ID: "vm1", Bundle: bundle, RuntimeDir: "/run/vmshim/default/vm1",
 		Rootfs: filepath.Join(bundle, "rootfs"), VMFiles: filepath.Join(bundle, "rootfs"),
 		JailOwner: "default/vm1", JailID: 100042, Pid: 4242, PidStart: 123456,
+		Made: []string{madeJailID, madeRuntimeDir, madeRootfs, madeVMFiles, madeProcess},
 	}
 	if err := want.save(); err != nil {
 		t.Fatal(err)
@@ -38,7 +41,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if *got != *want {
+	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("read %+v, want %+v", *got, *want)
 	}
 	entries, err := os.ReadDir(bundle)
@@ -411,5 +414,119 @@ func TestProcessStartOddCommandName(t *testing.T) {
 	}
 	if err := reaped(t, cmd); err == nil {
 		t.Fatal("child exited cleanly; want killed")
+	}
+}
+
+// allMade is every kind of thing a task makes, in the order Create makes
+// them.
+var allMade = []string{
+	madeJailID, madeRuntimeDir, madePod, madeRootfs, madeVMFiles, madeNetns,
+	madePoststop, madeCNI, madeNetwork, madeCgroup, madeProcess,
+}
+
+// failingUndoers replaces every undoer, for the test, with one that notes
+// its kind in *ran and fails while fail names it.
+func failingUndoers(t *testing.T, fail map[string]bool) *[]string {
+	t.Helper()
+	var ran []string
+	saved := undoers
+	undoers = map[string]func(context.Context, *record) error{}
+	for kind := range saved {
+		undoers[kind] = func(context.Context, *record) error {
+			ran = append(ran, kind)
+			if fail[kind] {
+				return errors.New("failpoint")
+			}
+			return nil
+		}
+	}
+	t.Cleanup(func() { undoers = saved })
+	return &ran
+}
+
+// pushAll pushes every kind on a new record in bundle.
+func pushAll(t *testing.T, bundle string) *record {
+	t.Helper()
+	r := &record{ID: "vm1", Bundle: bundle}
+	for _, kind := range allMade {
+		if err := r.push(kind, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return r
+}
+
+// TestReleaseUndoesNewestFirst checks that the undo stack survives in the
+// bundle (as the delete action finds it after a crash) and is undone
+// newest first, each thing once, and the record removed at the end.
+func TestReleaseUndoesNewestFirst(t *testing.T) {
+	ran := failingUndoers(t, nil)
+	bundle := t.TempDir()
+	pushAll(t, bundle)
+	r, err := readRecord(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	want := slices.Clone(allMade)
+	slices.Reverse(want)
+	if !slices.Equal(*ran, want) {
+		t.Errorf("undone %v, want %v", *ran, want)
+	}
+	if _, err := os.Stat(filepath.Join(bundle, recordFile)); !os.IsNotExist(err) {
+		t.Errorf("record still there after release (%v)", err)
+	}
+}
+
+// TestReleaseFailpoints fails each undo in turn: release reports it, the
+// record keeps only it, the other undos run once, and a second release
+// (the delete action's retry) finishes the job.
+func TestReleaseFailpoints(t *testing.T) {
+	for _, kind := range allMade {
+		t.Run(kind, func(t *testing.T) {
+			fail := map[string]bool{kind: true}
+			ran := failingUndoers(t, fail)
+			bundle := t.TempDir()
+			err := pushAll(t, bundle).release(context.Background())
+			if err == nil || !strings.Contains(err.Error(), kind+": failpoint") {
+				t.Fatalf("release = %v, want the failure of %s", err, kind)
+			}
+			if len(*ran) != len(allMade) {
+				t.Errorf("undone %v, want every undo tried once", *ran)
+			}
+			r, err := readRecord(bundle)
+			if err != nil {
+				t.Fatalf("record gone after a failed undo: %v", err)
+			}
+			if !slices.Equal(r.Made, []string{kind}) {
+				t.Fatalf("record keeps %v, want only %s", r.Made, kind)
+			}
+			delete(fail, kind)
+			*ran = nil
+			if err := r.release(context.Background()); err != nil {
+				t.Fatalf("second release: %v", err)
+			}
+			if !slices.Equal(*ran, []string{kind}) {
+				t.Errorf("second release undid %v, want only %s", *ran, kind)
+			}
+			if _, err := os.Stat(filepath.Join(bundle, recordFile)); !os.IsNotExist(err) {
+				t.Errorf("record still there after the second release (%v)", err)
+			}
+		})
+	}
+}
+
+// TestPushUnsaved checks that a push whose record cannot be written fails
+// and leaves the stack as it was, and that an unknown kind is refused.
+func TestPushUnsaved(t *testing.T) {
+	r := &record{ID: "vm1", Bundle: filepath.Join(t.TempDir(), "gone")}
+	if err := r.push(madeRootfs, nil); err == nil || len(r.Made) != 0 {
+		t.Fatalf("push to a missing bundle: %v, stack %v", err, r.Made)
+	}
+	r.Bundle = t.TempDir()
+	if err := r.push("spaceship", nil); err == nil || len(r.Made) != 0 {
+		t.Fatalf("push of an unknown kind: %v, stack %v", err, r.Made)
 	}
 }

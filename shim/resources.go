@@ -84,8 +84,7 @@ func (c *cgroupLimits) create(ctx context.Context, spec *specs.Spec, rec *record
 	if spec.Linux == nil || spec.Linux.CgroupsPath == "" {
 		return nil
 	}
-	rec.Cgroup = spec.Linux.CgroupsPath
-	if err := rec.save(); err != nil {
+	if err := rec.push(madeCgroup, func(r *record) { r.Cgroup = spec.Linux.CgroupsPath }); err != nil {
 		return err
 	}
 	cg, err := newCgroup(ctx, spec.Linux.CgroupsPath, c.cgroupResources(spec.Linux.Resources))

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
@@ -84,7 +85,9 @@ func launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec, nsPa
 	rec := &record{ID: r.ID, Bundle: r.Bundle}
 	defer func() {
 		if retErr != nil {
-			rec.release(ctx)
+			if err := rec.release(ctx); err != nil {
+				log.G(ctx).WithError(err).WithField("id", r.ID).Warn("undo failed create; the delete action retries")
+			}
 		}
 	}()
 	limits := &cgroupLimits{}
@@ -103,9 +106,8 @@ func launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec, nsPa
 		}
 		return nil, fmt.Errorf("start pod sandbox process: %w", err)
 	}
-	rec.Pid = cmd.Process.Pid
-	rec.PidStart, _ = processStart(rec.Pid)
-	if err := rec.save(); err != nil {
+	start, _ := processStart(cmd.Process.Pid)
+	if err := rec.push(madeProcess, func(r *record) { r.Pid, r.PidStart = cmd.Process.Pid, start }); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		return nil, err
@@ -186,7 +188,9 @@ func (s *sandboxVM) Done() <-chan struct{} { return s.done }
 // ExitStatus returns the pause process's status.
 func (s *sandboxVM) ExitStatus() (int, time.Time) { return s.code, s.at }
 
-// Release removes the sandbox's record.
+// Release undoes the sandbox's record: its cgroup and the record itself.
 func (s *sandboxVM) Release(ctx context.Context) {
-	s.rec.release(ctx)
+	if err := s.rec.release(ctx); err != nil {
+		log.G(ctx).WithError(err).WithField("id", s.rec.ID).Warn("release pod sandbox")
+	}
 }
