@@ -69,15 +69,16 @@ func loadCgroup(ctx context.Context, path string) (taskCgroup, error) {
 
 // cgroupHost is the machine's cgroup setup; tests replace its fields.
 type cgroupHost struct {
-	mode    func() cgroups.CGMode // which cgroup version is in use
-	root    string                // where the hierarchies are mounted
-	systemd func() bool           // whether systemd is the running init system
-	units   systemdUnits          // starts and stops scope units
+	mode    func() cgroups.CGMode     // which cgroup version is in use
+	root    string                    // where the hierarchies are mounted
+	systemd func() bool               // whether systemd is the running init system
+	units   systemdUnits              // starts and stops scope units
+	hold    func() (*exec.Cmd, error) // starts a placeholder process a new scope is made around
 }
 
 // defaultCgroupHost describes this machine.
 func defaultCgroupHost() cgroupHost {
-	return cgroupHost{mode: cgroups.Mode, root: cgroupRoot, systemd: systemdRunning, units: dbusUnits{}}
+	return cgroupHost{mode: cgroups.Mode, root: cgroupRoot, systemd: systemdRunning, units: dbusUnits{}, hold: startPlaceholder}
 }
 
 // systemdRunning reports whether systemd is the init system (sd_booted).

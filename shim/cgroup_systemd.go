@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"sync"
 
@@ -68,13 +69,45 @@ func (c *scopeCgroup) Add(pid int) (retErr error) {
 	return nil
 }
 
-// Start starts cmd, then puts it in the scope: systemd makes the scope
-// around a running process.
+// Start starts cmd straight into the scope's cgroup, so that all it
+// touches from its first page on is charged there. systemd makes a scope
+// only around a running process: a new scope is made around a placeholder
+// process, which goes once cmd is in.
 func (c *scopeCgroup) Start(cmd *exec.Cmd, steps ...thread.Step) error {
-	if err := thread.Fork(cmd, steps...); err != nil {
-		return err
+	c.mu.Lock()
+	inner := c.inner
+	c.mu.Unlock()
+	if inner == nil {
+		hold, err := c.host.hold()
+		if err != nil {
+			return cgroupError("start the placeholder process of systemd scope "+c.p.unit+" for", c.p.raw, err, errdefs.ErrUnknown)
+		}
+		defer stopPlaceholder(hold)
+		if err := c.Add(hold.Process.Pid); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		inner = c.inner
+		c.mu.Unlock()
 	}
-	return c.Add(cmd.Process.Pid)
+	return inner.Start(cmd, steps...)
+}
+
+// startPlaceholder starts a process that waits, with no privileges, until
+// it is killed: the shim binary as a pause process.
+func startPlaceholder() (*exec.Cmd, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := &exec.Cmd{Path: self, Args: []string{PauseName, "scope-placeholder"}, Dir: "/"}
+	return cmd, cmd.Start()
+}
+
+// stopPlaceholder kills a placeholder process and reaps it.
+func stopPlaceholder(cmd *exec.Cmd) {
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
 }
 
 // Update applies r now, or when the scope is made.

@@ -1,0 +1,110 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/cgroups/v3"
+)
+
+// v1ScopeUnits plays systemd on a real cgroup v1 machine: a started
+// scope is a directory of the named systemd hierarchy with the pid in it.
+type v1ScopeUnits struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (u *v1ScopeUnits) startScope(_ context.Context, slice, unit string, pid int) error {
+	u.mu.Lock()
+	u.calls = append(u.calls, fmt.Sprintf("start %s %s %d", slice, unit, pid))
+	u.mu.Unlock()
+	dir := filepath.Join(cgroupRoot, "systemd", slice, unit)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0)
+}
+
+func (u *v1ScopeUnits) stopUnit(_ context.Context, unit string) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.calls = append(u.calls, "stop "+unit)
+	return nil
+}
+
+// TestScopeStartsIntoScope checks that under the systemd driver the task's
+// process runs in the scope from its first instruction: the scope is made
+// around a placeholder, which is gone once the process has started.
+func TestScopeStartsIntoScope(t *testing.T) {
+	skipCgroupUnlessRoot(t, "creates cgroups")
+	if m := cgroups.Mode(); m != cgroups.Legacy && m != cgroups.Hybrid {
+		t.Skip("not a cgroup v1 host")
+	}
+	if _, err := os.Stat(filepath.Join(cgroupRoot, "systemd")); err != nil {
+		t.Skip("no named systemd hierarchy")
+	}
+	slice := fmt.Sprintf("vmshimt%08x.slice", rand.Uint32())
+	t.Cleanup(func() {
+		entries, _ := os.ReadDir(cgroupRoot)
+		for _, e := range entries {
+			_ = os.Remove(filepath.Join(cgroupRoot, e.Name(), slice, "p-x.scope"))
+			_ = os.Remove(filepath.Join(cgroupRoot, e.Name(), slice))
+		}
+	})
+	units := &v1ScopeUnits{}
+	var hold *exec.Cmd
+	h := defaultCgroupHost()
+	h.systemd = func() bool { return true }
+	h.units = units
+	h.hold = func() (*exec.Cmd, error) {
+		cmd, err := startPlaceholder()
+		hold = cmd
+		return cmd, err
+	}
+	cg, err := h.create(context.Background(), slice+":p:x", testCgroupResources(64<<20, 50000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := filepath.Join(t.TempDir(), "cgroup")
+	cmd := exec.Command("sh", "-c", `cat /proc/self/cgroup >"$0"; exec sleep 30`, first)
+	if err := cg.Start(cmd); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if err := cg.Delete(); err != nil {
+			t.Errorf("delete: %v", err)
+		}
+	})
+	if hold == nil || hold.ProcessState == nil {
+		t.Fatal("the placeholder process still runs after Start")
+	}
+	calls := units.calls
+	if want := fmt.Sprintf("start %s p-x.scope %d", slice, hold.Process.Pid); len(calls) != 1 || calls[0] != want {
+		t.Fatalf("systemd calls %q, want %q", calls, want)
+	}
+	// cat has written the process's first cgroups once sleep runs.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", cmd.Process.Pid))
+		if strings.HasPrefix(string(cmdline), "sleep") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the process did not exec sleep within 10s")
+		}
+	}
+	out, err := os.ReadFile(first)
+	if want := ":memory:/" + slice + "/p-x.scope\n"; err != nil || !strings.Contains(string(out), want) {
+		t.Errorf("the process's first cgroups lack %q (%v):\n%s", want, err, out)
+	}
+}
