@@ -65,6 +65,8 @@ type VM struct {
 	// initial query only replaces agentPortUnknown.
 	agentPort atomic.Int32
 
+	io ioState // whether a disk error holds the VM paused
+
 	// Written once by the waiter before done is closed; read after done.
 	exitCode int
 	exitAt   time.Time
@@ -176,15 +178,21 @@ func (v *VM) queryAgentPort(ctx context.Context) error {
 }
 
 // follow applies QMP events until the channel is closed, then marks the
-// agent port closed: the agent port's state from VSERPORT_CHANGE, and the
-// guest faults QEMU reports, logged at error level.
+// agent port closed: the agent port's state from VSERPORT_CHANGE, the
+// guest faults QEMU reports, logged at error level, and whether a disk
+// error holds the VM paused.
 func (v *VM) follow(logger *log.Entry, events <-chan Event) {
 	for ev := range events {
 		switch ev.Name {
 		case "VSERPORT_CHANGE":
 			v.agentPortEvent(ev)
-		case "GUEST_PANICKED", "BLOCK_IO_ERROR":
+		case "GUEST_PANICKED":
 			logFault(logger, ev)
+		case "BLOCK_IO_ERROR":
+			logFault(logger, ev)
+			v.io.ioEvent(ev)
+		case "RESUME":
+			v.io.ioEvent(ev)
 		}
 	}
 	v.agentPort.Store(agentPortClosed)
