@@ -1,19 +1,22 @@
 package cloudinit
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"path"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
 
+	goyaml "go.yaml.in/yaml/v3"
 	"sigs.k8s.io/yaml"
 )
 
@@ -317,181 +320,100 @@ func multipartMessage(shimConfig, other []byte) []byte {
 // unchanged: every string is double-quoted or a literal block, so nothing
 // turns into a number, a boolean or a date, and mapping keys are sorted.
 func yamlDoc(v any) []byte {
-	var b strings.Builder
-	writeYAML(&b, v, 0, false)
-	return []byte(b.String())
+	var b bytes.Buffer
+	enc := goyaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	err := enc.Encode(yamlNode(v))
+	if err == nil {
+		err = enc.Close()
+	}
+	if err != nil {
+		// The tree holds well-formed nodes of valid UTF-8 only, and a
+		// bytes.Buffer does not fail.
+		panic("cloudinit: rendering YAML: " + err.Error())
+	}
+	return b.Bytes()
 }
 
-// writeYAML writes v at column indent; inline means the current line
-// already holds "- " and v's first line continues it.
-func writeYAML(b *strings.Builder, v any, indent int, inline bool) {
-	pad := strings.Repeat(" ", indent)
+// yamlNode is v as a node tree with explicit styles, so that the library
+// guesses nothing: numbers, booleans and null plain, strings double-quoted
+// or literal blocks, keys bare when PyYAML reads them as strings.
+func yamlNode(v any) *goyaml.Node {
 	switch v := v.(type) {
 	case map[string]any:
-		if len(v) == 0 {
-			b.WriteString("{}\n")
-			return
-		}
-		keys := make([]string, 0, len(v))
-		for k := range v {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for i, k := range keys {
-			if i > 0 || !inline {
-				b.WriteString(pad)
+		n := &goyaml.Node{Kind: goyaml.MappingNode}
+		for _, k := range slices.Sorted(maps.Keys(v)) {
+			key := yamlScalar(strings.ToValidUTF8(k, "\uFFFD"), 0)
+			if !plainKey.MatchString(k) || yamlWords.MatchString(k) {
+				key.Style = goyaml.DoubleQuotedStyle
 			}
-			b.WriteString(yamlKey(k) + ":")
-			if yamlLen(v[k]) > 0 {
-				b.WriteString("\n")
-				writeYAML(b, v[k], indent+2, false)
-				continue
-			}
-			b.WriteString(" ")
-			writeYAML(b, v[k], indent+2, true)
+			n.Content = append(n.Content, key, yamlNode(v[k]))
 		}
+		return flowIfEmpty(n)
 	case []any:
-		if len(v) == 0 {
-			b.WriteString("[]\n")
-			return
+		n := &goyaml.Node{Kind: goyaml.SequenceNode}
+		for _, item := range v {
+			n.Content = append(n.Content, yamlNode(item))
 		}
-		for i, item := range v {
-			if i > 0 || !inline {
-				b.WriteString(pad)
-			}
-			b.WriteString("- ")
-			writeYAML(b, item, indent+2, true)
-		}
-	default:
-		b.WriteString(yamlScalar(v, pad))
-	}
-}
-
-// yamlLen is the length of a mapping or list, 0 for a scalar.
-func yamlLen(v any) int {
-	switch v := v.(type) {
-	case map[string]any:
-		return len(v)
-	case []any:
-		return len(v)
-	}
-	return 0
-}
-
-// yamlWords are plain scalars YAML 1.1 reads as booleans or null.
-var yamlWords = regexp.MustCompile(`^(?i:y|yes|n|no|true|false|on|off|null)$`)
-
-var plainKey = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_-]*$`)
-
-// yamlKey leaves identifier-like keys bare and quotes the rest.
-func yamlKey(k string) string {
-	if plainKey.MatchString(k) && !yamlWords.MatchString(k) {
-		return k
-	}
-	return yamlQuote(k)
-}
-
-// yamlScalar renders a scalar and its line break; a literal block's lines
-// start with pad.
-func yamlScalar(v any, pad string) string {
-	switch v := v.(type) {
+		return flowIfEmpty(n)
 	case nil:
-		return "null\n"
+		return yamlScalar("null", 0)
 	case bool:
-		return strconv.FormatBool(v) + "\n"
+		return yamlScalar(strconv.FormatBool(v), 0)
 	case int:
-		return strconv.Itoa(v) + "\n"
+		return yamlScalar(strconv.Itoa(v), 0)
 	case json.Number:
 		s := v.String()
 		// PyYAML reads an exponent without a decimal point as a string.
 		if i := strings.IndexAny(s, "eE"); i >= 0 && !strings.Contains(s, ".") {
 			s = s[:i] + ".0" + s[i:]
 		}
-		return s + "\n"
+		return yamlScalar(s, 0)
 	case string:
-		if literalOK(v) {
-			return literalBlock(v, pad)
+		// Invalid UTF-8 would make the library write !!binary.
+		s := strings.ToValidUTF8(v, "\uFFFD")
+		if literalOK(s) {
+			return yamlScalar(s, goyaml.LiteralStyle)
 		}
-		return yamlQuote(v) + "\n"
+		return yamlScalar(s, goyaml.DoubleQuotedStyle)
 	}
-	return yamlQuote(fmt.Sprint(v)) + "\n"
+	return yamlScalar(strings.ToValidUTF8(fmt.Sprint(v), "\uFFFD"), goyaml.DoubleQuotedStyle)
 }
 
-// literalOK reports whether s reads back unchanged as a literal block: it
-// has a line break, printable characters only, no trailing blanks, no
-// leading blank and at most one final line break.
+// yamlScalar is an untagged scalar node.
+func yamlScalar(value string, style goyaml.Style) *goyaml.Node {
+	return &goyaml.Node{Kind: goyaml.ScalarNode, Value: value, Style: style}
+}
+
+// flowIfEmpty writes an empty mapping or list as {} or [].
+func flowIfEmpty(n *goyaml.Node) *goyaml.Node {
+	if len(n.Content) == 0 {
+		n.Style = goyaml.FlowStyle
+	}
+	return n
+}
+
+// yamlWords are plain scalars YAML 1.1 reads as booleans or null.
+var yamlWords = regexp.MustCompile(`^(?i:y|yes|n|no|true|false|on|off|null)$`)
+
+// plainKey are the keys written bare, unless they are yamlWords.
+var plainKey = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_-]*$`)
+
+// literalOK reports whether s reads back unchanged as a literal block
+// without indentation or keep-chomping indicators: it has a line break, no
+// leading blank or break, no trailing blanks on any line, at most one
+// final line break, and no U+2028 or U+2029, which the library would take
+// for line breaks. For characters a literal block cannot hold (controls,
+// U+0085, U+FEFF and the like) the library falls back to double quotes.
 func literalOK(s string) bool {
 	if !strings.Contains(s, "\n") || strings.HasSuffix(s, "\n\n") || strings.HasPrefix(s, "\n") ||
-		strings.HasPrefix(s, " ") || strings.HasPrefix(s, "\t") || !utf8.ValidString(s) {
+		strings.HasPrefix(s, " ") || strings.HasPrefix(s, "\t") || strings.ContainsAny(s, "\u2028\u2029") {
 		return false
 	}
 	for _, line := range strings.Split(strings.TrimSuffix(s, "\n"), "\n") {
 		if strings.HasSuffix(line, " ") || strings.HasSuffix(line, "\t") {
 			return false
 		}
-		for _, r := range line {
-			if r != '\t' && !yamlPrintable(r) {
-				return false
-			}
-		}
 	}
 	return true
-}
-
-// literalBlock renders s as a literal block scalar with lines at pad.
-func literalBlock(s, pad string) string {
-	var b strings.Builder
-	body, clip := strings.CutSuffix(s, "\n")
-	if clip {
-		b.WriteString("|\n")
-	} else {
-		b.WriteString("|-\n")
-	}
-	for _, line := range strings.Split(body, "\n") {
-		if line != "" {
-			b.WriteString(pad + line)
-		}
-		b.WriteString("\n")
-	}
-	return b.String()
-}
-
-// yamlPrintable reports whether PyYAML takes r unescaped and not as a line
-// break.
-func yamlPrintable(r rune) bool {
-	switch {
-	case r == 0x2028 || r == 0x2029 || r == 0xfeff:
-		return false
-	case r >= 0x20 && r <= 0x7e, r >= 0xa0 && r <= 0xd7ff, r >= 0xe000 && r <= 0xfffd, r >= 0x10000 && r <= 0x10ffff:
-		return true
-	}
-	return false
-}
-
-// yamlQuote double-quotes s, escaping everything PyYAML would not take
-// literally; invalid UTF-8 becomes U+FFFD.
-func yamlQuote(s string) string {
-	var b strings.Builder
-	b.WriteByte('"')
-	for _, r := range strings.ToValidUTF8(s, "\uFFFD") {
-		switch {
-		case r == '"' || r == '\\':
-			b.WriteByte('\\')
-			b.WriteRune(r)
-		case r == '\n':
-			b.WriteString(`\n`)
-		case r == '\t':
-			b.WriteString(`\t`)
-		case yamlPrintable(r):
-			b.WriteRune(r)
-		case r <= 0xff:
-			fmt.Fprintf(&b, `\x%02x`, r)
-		case r <= 0xffff:
-			fmt.Fprintf(&b, `\u%04x`, r)
-		default:
-			fmt.Fprintf(&b, `\U%08x`, r)
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
 }

@@ -318,6 +318,9 @@ func TestYAMLQuoting(t *testing.T) {
 		"#c", "!tag", "&a", "*a", "%x", "@x", "`x", "|", ">", "'", "\"", "\\", "[a]", "{a: b}", ",", "a\nb", "a\n", "a\n\n", "\na",
 		" a\nb", "a \nb", "a\tb\n", "\tb\nc", "\r\n", "\x00\x01\x1b\x7f", "\u0085 \u2028 \u2029 \ufeff \ufffe", "caf\u00e9 \U0001F600",
 		"---\n...\n", "a\n---\nb\n", "  \n", "x\n  y\n", "$(rm -rf /)",
+		"\ufeffa\nb", // the library escapes every character after a leading BOM
+		// PyYAML takes a key on one line only up to 1024 characters.
+		strings.Repeat("long key ", 130),
 	}
 	list := make([]any, 0, len(strs))
 	keys := map[string]any{}
