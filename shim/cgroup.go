@@ -53,6 +53,10 @@ type taskCgroup interface {
 	Delete() error
 	// Path is the cgroups path the cgroup was made from.
 	Path() string
+	// MemoryDir is the cgroup's directory in the memory hierarchy (the
+	// unified one on v2), where OOM kills are counted; "" until a systemd
+	// scope is made.
+	MemoryDir() string
 }
 
 // newCgroup creates the cgroup named by an OCI cgroupsPath and applies r.
@@ -252,7 +256,7 @@ func (h cgroupHost) newDirs(p cgroupPath, v2 bool, r *specs.LinuxResources) (_ t
 	if err != nil {
 		return nil, cgroupError("create", p.raw, err, errdefs.ErrUnknown)
 	}
-	return &v1Cgroup{path: p.raw, cg: cg, swap: swap}, nil
+	return &v1Cgroup{path: p.raw, cg: cg, swap: swap, memDir: filepath.Join(h.root, "memory", p.dir)}, nil
 }
 
 // loadDirs opens the cgroup's existing directories.
@@ -275,7 +279,7 @@ func (h cgroupHost) loadDirs(p cgroupPath, v2 bool) (taskCgroup, error) {
 	if err != nil {
 		return nil, cgroupError("load", p.raw, err, errdefs.ErrUnknown)
 	}
-	return &v1Cgroup{path: p.raw, cg: cg, swap: h.v1Swap()}, nil
+	return &v1Cgroup{path: p.raw, cg: cg, swap: h.v1Swap(), memDir: filepath.Join(h.root, "memory", p.dir)}, nil
 }
 
 // pather is a v1 subsystem with a directory per cgroup.
@@ -346,9 +350,10 @@ func withoutSwap(r *specs.LinuxResources, swap bool) *specs.LinuxResources {
 
 // v1Cgroup is a cgroup on the v1 hierarchies.
 type v1Cgroup struct {
-	path string
-	cg   cgroup1.Cgroup
-	swap bool // the memory controller accounts swap
+	path   string
+	cg     cgroup1.Cgroup
+	swap   bool   // the memory controller accounts swap
+	memDir string // its directory in the memory hierarchy
 }
 
 // Add moves pid into every hierarchy.
@@ -435,6 +440,9 @@ func (c *v1Cgroup) Delete() error {
 // Path returns the cgroups path the cgroup was made from.
 func (c *v1Cgroup) Path() string { return c.path }
 
+// MemoryDir is the cgroup's directory in the memory hierarchy.
+func (c *v1Cgroup) MemoryDir() string { return c.memDir }
+
 // v2Cgroup is a cgroup on the unified hierarchy.
 type v2Cgroup struct {
 	path string
@@ -496,6 +504,9 @@ func (c *v2Cgroup) Delete() error {
 
 // Path returns the cgroups path the cgroup was made from.
 func (c *v2Cgroup) Path() string { return c.path }
+
+// MemoryDir is the cgroup's directory.
+func (c *v2Cgroup) MemoryDir() string { return c.dir }
 
 // removeWithin retries remove until it succeeds or cgroupDeleteTimeout
 // passes, so processes that are exiting can leave first.

@@ -152,6 +152,16 @@ func (c *scopeCgroup) Delete() error {
 // Path returns the cgroups path the cgroup was made from.
 func (c *scopeCgroup) Path() string { return c.p.raw }
 
+// MemoryDir is the scope's memory directory, once the scope is made.
+func (c *scopeCgroup) MemoryDir() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inner == nil {
+		return ""
+	}
+	return c.inner.MemoryDir()
+}
+
 // systemdUnits starts and stops the scope units of the systemd driver.
 type systemdUnits interface {
 	// startScope starts unit in slice with pid in it, delegated to us.

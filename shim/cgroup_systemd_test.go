@@ -86,6 +86,9 @@ func TestScopeStartsIntoScope(t *testing.T) {
 			t.Errorf("delete: %v", err)
 		}
 	})
+	if got, want := cg.MemoryDir(), filepath.Join(cgroupRoot, "memory", slice, "p-x.scope"); got != want {
+		t.Errorf("memory dir %q, want %q", got, want)
+	}
 	if hold == nil || hold.ProcessState == nil {
 		t.Fatal("the placeholder process still runs after Start")
 	}

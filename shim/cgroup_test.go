@@ -501,6 +501,9 @@ func TestCgroupV1Real(t *testing.T) {
 	}
 	checkCgroupFile(t, filepath.Join(cgroupRoot, "memory", path, "memory.limit_in_bytes"), "67108864")
 	checkCgroupFile(t, filepath.Join(cgroupRoot, "cpu", path, "cpu.cfs_quota_us"), "50000")
+	if got := cg.MemoryDir(); got != filepath.Join(cgroupRoot, "memory", path) {
+		t.Errorf("memory dir %q", got)
+	}
 
 	// The child execs sleep once it is in the cgroup, so its memory is
 	// charged there.
