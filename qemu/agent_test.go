@@ -52,6 +52,7 @@ type fakeAgent struct {
 	conns  int                      // connections accepted
 	cmds   []fakeRequest            // commands other than syncs, in order
 	conn   net.Conn                 // the connection being served
+	got    chan fakeRequest         // when set, receives each command as it arrives
 }
 
 func newFakeAgent(t *testing.T, reply func(fakeRequest) string) *fakeAgent {
@@ -130,7 +131,11 @@ func (f *fakeAgent) serveConn(conn net.Conn) {
 		}
 		f.mu.Lock()
 		f.cmds = append(f.cmds, req)
+		got := f.got
 		f.mu.Unlock()
+		if got != nil {
+			got <- req
+		}
 		switch r := reply(req); r {
 		case "":
 		case hangUp:
@@ -346,8 +351,8 @@ func TestAgentNeverAnswers(t *testing.T) {
 }
 
 func TestAgentCancelWhileWaiting(t *testing.T) {
-	f := newFakeAgent(t, answer(`{"return": {}}`))
-	f.set(func(f *fakeAgent) { f.silent = true })
+	f := newFakeAgent(t, answer(""))
+	got := f.notify()
 	a := NewAgent(f.path, nil)
 	defer a.Close()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -355,7 +360,7 @@ func TestAgentCancelWhileWaiting(t *testing.T) {
 	for range 2 { // the second call waits for the first
 		go func() { errc <- a.Ping(ctx) }()
 	}
-	time.Sleep(50 * time.Millisecond)
+	waitCommand(t, got, "guest-ping")
 	cancel()
 	for range 2 {
 		select {
@@ -366,6 +371,87 @@ func TestAgentCancelWhileWaiting(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("call not cancelled")
 		}
+	}
+}
+
+// agentCalls are the agent client's calls, each with the command it sends.
+var agentCalls = []struct {
+	cmd  string
+	call func(context.Context, *Agent) error
+}{
+	{"guest-ping", func(ctx context.Context, a *Agent) error { return a.Ping(ctx) }},
+	{"guest-exec", func(ctx context.Context, a *Agent) error {
+		_, err := a.Exec(ctx, GuestCommand{Path: "true"})
+		return err
+	}},
+	{"guest-exec-status", func(ctx context.Context, a *Agent) error { _, err := a.ExecStatus(ctx, 7); return err }},
+}
+
+// TestAgentCallsEndWithContext: an agent that syncs, reads each command
+// and never answers it holds no call past its context's deadline or
+// cancellation; the next call reconnects. The test waits until the agent
+// has the command, so the call is waiting for the reply.
+func TestAgentCallsEndWithContext(t *testing.T) {
+	for _, ac := range agentCalls {
+		for _, how := range []string{"deadline", "cancel"} {
+			t.Run(ac.cmd+"/"+how, func(t *testing.T) {
+				t.Cleanup(noLeak(t)) // runs after the fake agent's cleanup
+				f := newFakeAgent(t, answer(""))
+				got := f.notify()
+				a := NewAgent(f.path, nil)
+				defer a.Close()
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				want := context.Canceled
+				if how == "deadline" {
+					ctx, cancel = context.WithTimeout(ctx, 500*time.Millisecond)
+					defer cancel()
+					want = context.DeadlineExceeded
+				}
+				errc := make(chan error, 1)
+				go func() { errc <- ac.call(ctx, a) }()
+				waitCommand(t, got, ac.cmd)
+				if how == "cancel" {
+					cancel()
+				}
+				select {
+				case err := <-errc:
+					if !errors.Is(err, want) {
+						t.Errorf("error = %v, want %v", err, want)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatalf("%s without a reply outlived its context", ac.cmd)
+				}
+				f.set(func(f *fakeAgent) { f.reply = answer(`{"return": {}}`) })
+				if err := a.Ping(testCtx(t, 5*time.Second)); err != nil {
+					t.Fatalf("Ping after the silence: %v", err)
+				}
+				if conns, _ := f.stats(); conns != 2 {
+					t.Errorf("%d connections, want 2: the abandoned one is dropped", conns)
+				}
+			})
+		}
+	}
+}
+
+// notify makes the fake agent report each command as it arrives.
+func (f *fakeAgent) notify() <-chan fakeRequest {
+	ch := make(chan fakeRequest, 16)
+	f.set(func(f *fakeAgent) { f.got = ch })
+	return ch
+}
+
+// waitCommand waits until the fake agent has read a command and checks
+// it is cmd.
+func waitCommand(t *testing.T, got <-chan fakeRequest, cmd string) {
+	t.Helper()
+	select {
+	case r := <-got:
+		if r.Execute != cmd {
+			t.Fatalf("agent got %q, want %q", r.Execute, cmd)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("agent never got %s", cmd)
 	}
 }
 
@@ -401,12 +487,12 @@ func TestAgentNoSocket(t *testing.T) {
 
 func TestAgentClose(t *testing.T) {
 	t.Cleanup(noLeak(t)) // runs after the fake agent's cleanup
-	f := newFakeAgent(t, answer(`{"return": {}}`))
-	f.set(func(f *fakeAgent) { f.silent = true })
+	f := newFakeAgent(t, answer(""))
+	got := f.notify()
 	a := NewAgent(f.path, nil)
 	errc := make(chan error, 1)
 	go func() { errc <- a.Ping(context.Background()) }()
-	time.Sleep(50 * time.Millisecond)
+	waitCommand(t, got, "guest-ping")
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -344,10 +344,11 @@ func TestClientQuitClosesConnection(t *testing.T) {
 
 func TestClientCloseFailsPending(t *testing.T) {
 	c, p := connect(t)
-	go p.recv()
+	got := make(chan peerRequest, 1)
+	go func() { got <- p.recv() }()
 	errc := make(chan error, 1)
 	go func() { errc <- c.Stop(context.Background()) }()
-	time.Sleep(50 * time.Millisecond)
+	waitRequest(t, got, "stop")
 	c.Close()
 	select {
 	case err := <-errc:
@@ -356,6 +357,76 @@ func TestClientCloseFailsPending(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("pending call not failed by Close")
+	}
+}
+
+// qmpCalls are the client's calls, each with the command it sends.
+var qmpCalls = []struct {
+	cmd  string
+	call func(*Client, context.Context) error
+}{
+	{"stop", (*Client).Stop},
+	{"cont", (*Client).Cont},
+	{"system_powerdown", (*Client).SystemPowerdown},
+	{"quit", (*Client).Quit},
+	{"query-status", func(c *Client, ctx context.Context) error { _, err := c.QueryStatus(ctx); return err }},
+	{"query-chardev", func(c *Client, ctx context.Context) error {
+		var devs []map[string]any
+		return c.Execute(ctx, "query-chardev", nil, &devs)
+	}},
+}
+
+// TestClientCallsEndWithContext: a peer that reads each command and never
+// answers, as a QEMU stopped with SIGSTOP does, holds no call past its
+// context's deadline or cancellation. The test waits until the peer has
+// the command, so the call is waiting for the reply.
+func TestClientCallsEndWithContext(t *testing.T) {
+	for _, qc := range qmpCalls {
+		for _, how := range []string{"deadline", "cancel"} {
+			t.Run(qc.cmd+"/"+how, func(t *testing.T) {
+				check := noLeak(t)
+				c, p := connect(t)
+				got := make(chan peerRequest, 1)
+				go func() { got <- p.recv() }() // and never answers
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				want := context.Canceled
+				if how == "deadline" {
+					ctx, cancel = context.WithTimeout(ctx, 500*time.Millisecond)
+					defer cancel()
+					want = context.DeadlineExceeded
+				}
+				errc := make(chan error, 1)
+				go func() { errc <- qc.call(c, ctx) }()
+				waitRequest(t, got, qc.cmd)
+				if how == "cancel" {
+					cancel()
+				}
+				select {
+				case err := <-errc:
+					if !errors.Is(err, want) || !errors.Is(err, ErrNoReply) {
+						t.Errorf("error = %v, want %v and ErrNoReply", err, want)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatalf("%s without a reply outlived its context", qc.cmd)
+				}
+				c.Close()
+				check()
+			})
+		}
+	}
+}
+
+// waitRequest waits until the peer has read a command and checks it is cmd.
+func waitRequest(t *testing.T, got <-chan peerRequest, cmd string) {
+	t.Helper()
+	select {
+	case r := <-got:
+		if r.Execute != cmd {
+			t.Fatalf("peer got %q, want %q", r.Execute, cmd)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("peer never got %s", cmd)
 	}
 }
 

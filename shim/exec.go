@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	eventstypes "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/v2/pkg/protobuf"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/fifo"
 	"github.com/containerd/log"
@@ -39,28 +41,32 @@ const (
 
 // execProcess is a program run in the guest through its agent. The agent
 // runs it without a terminal and returns its output when it ends, so
-// output reaches the exec's stdout and stderr at exit.
+// output reaches the exec's stdout and stderr at exit. Its events are
+// queued by transition: TaskExecStarted when it starts, TaskExit when a
+// started exec stops.
 type execProcess struct {
 	id, taskID string
 	args, env  []string
 	stdio      stdio
 	agent      GuestAgent
-	cancel     context.CancelFunc // stops collecting stdin and polling
+	pub        publish
 	ctx        context.Context
+	cancel     context.CancelFunc // stops collecting stdin and polling
+	outCtx     context.Context    // bounds writing the output; cancelled by dropOutput
+	dropOutput context.CancelFunc
 
-	mu       sync.Mutex // guards st, pid, exitCode, exitedAt, starting and ending
+	mu       sync.Mutex // guards st, pid, exitCode, exitedAt, starting and ending; never held across a call to the agent
 	st       state      // created, running, stopped or deleted
 	pid      int        // guest pid once started
 	exitCode int
 	exitedAt time.Time
 	starting bool          // start is calling the agent
-	ending   bool          // the exit is being recorded
-	exited   chan struct{} // closed once stopped and the exit published
-	onExit   func(*execProcess)
+	ending   bool          // finish has claimed the exit
+	exited   chan struct{} // closed once stopped and, if it started, its exit queued
 }
 
 // newExec validates an exec's process spec (JSON, as containerd sends it).
-func newExec(ctx context.Context, taskID, id string, spec []byte, io stdio, agent GuestAgent, onExit func(*execProcess)) (*execProcess, error) {
+func newExec(ctx context.Context, taskID, id string, spec []byte, io stdio, agent GuestAgent, pub publish) (*execProcess, error) {
 	var p specs.Process
 	if err := json.Unmarshal(spec, &p); err != nil {
 		return nil, fmt.Errorf("exec %s: process spec: %w", id, errdefs.ErrInvalidArgument)
@@ -75,44 +81,37 @@ func newExec(ctx context.Context, taskID, id string, spec []byte, io stdio, agen
 	if agent == nil {
 		return nil, fmt.Errorf("exec %s: container %s runs no guest to exec in: %w", id, taskID, errdefs.ErrFailedPrecondition)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	return &execProcess{
-		id: id, taskID: taskID, args: p.Args, env: p.Env, stdio: io, agent: agent,
-		ctx: ctx, cancel: cancel, exited: make(chan struct{}), onExit: onExit,
-	}, nil
+	e := &execProcess{
+		id: id, taskID: taskID, args: p.Args, env: p.Env, stdio: io, agent: agent, pub: pub,
+		exited: make(chan struct{}),
+	}
+	e.ctx, e.cancel = context.WithCancel(ctx)
+	e.outCtx, e.dropOutput = context.WithCancel(context.WithoutCancel(ctx))
+	return e, nil
 }
 
 // start runs the program. With stdin, the program starts once stdin ends
 // (the agent takes all input up front), so start returns before that
-// with pid 0. The agent is called without e.mu held.
+// with pid 0. The agent is called without e.mu held and with a deadline.
 func (e *execProcess) start(ctx context.Context) (int, error) {
 	e.mu.Lock()
-	if e.st != stateCreated || e.starting {
+	if e.st != stateCreated || e.starting || e.ending {
 		defer e.mu.Unlock()
 		return 0, fmt.Errorf("exec %s is %s, not created: %w", e.id, e.st, errdefs.ErrFailedPrecondition)
 	}
 	e.starting = true
 	e.mu.Unlock()
 
-	cctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
-	defer cancel()
-	var pid int
-	var err error
-	if e.stdio.stdin != "" {
-		err = e.agent.Ping(cctx)
-	} else {
-		pid, err = e.agent.Exec(cctx, e.command(nil))
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.starting = false
+	pid, err := e.begin(ctx)
 	if err != nil {
+		e.mu.Lock()
+		e.starting = false
+		e.mu.Unlock()
 		return 0, fmt.Errorf("exec %s: %w", e.id, err)
 	}
-	e.pid = pid
-	if err := e.transition(stateRunning); err != nil {
-		// Killed while starting: the exec has ended already, so its
-		// program must not outlive it.
+	if err := e.started(pid); err != nil {
+		// Ended while starting (killed, or its VM stopped): its program
+		// must not outlive it.
 		if pid > 0 {
 			go e.signalGuest(context.WithoutCancel(ctx), unix.SIGKILL, pid)
 		}
@@ -126,15 +125,52 @@ func (e *execProcess) start(ctx context.Context) (int, error) {
 	return pid, nil
 }
 
-// transition moves the exec to state to; callers hold e.mu.
+// begin asks the agent to run the program, or, when the program waits for
+// stdin, whether it answers.
+func (e *execProcess) begin(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
+	defer cancel()
+	if e.stdio.stdin != "" {
+		return 0, e.agent.Ping(ctx)
+	}
+	return e.agent.Exec(ctx, e.command(nil))
+}
+
+// started records that the program runs (pid 0: once stdin ends), which
+// queues TaskExecStarted, unless the exec has ended meanwhile.
+func (e *execProcess) started(pid int) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.starting = false
+	if e.ending {
+		return fmt.Errorf("exec %s ended while starting: %w", e.id, errdefs.ErrFailedPrecondition)
+	}
+	e.pid = pid
+	return e.transition(stateRunning)
+}
+
+// transition moves the exec to state to and queues the event that reports
+// the move, if any; callers hold e.mu. An exec that never started ends
+// without an event, as no TaskExecStarted announced it.
 func (e *execProcess) transition(to state) error {
 	if err := e.st.next(to); err != nil {
 		return fmt.Errorf("exec %s: %w", e.id, err)
 	}
+	from := e.st
 	e.st = to
+	switch {
+	case from == stateCreated && to == stateRunning:
+		e.pub(&eventstypes.TaskExecStarted{ContainerID: e.taskID, ExecID: e.id, Pid: uint32(e.pid)})
+	case from == stateRunning && to == stateStopped:
+		e.pub(&eventstypes.TaskExit{
+			ContainerID: e.taskID, ID: e.id, Pid: uint32(e.pid),
+			ExitStatus: uint32(e.exitCode), ExitedAt: protobuf.ToTimestamp(e.exitedAt),
+		})
+	}
 	return nil
 }
 
+// command is the agent's command for the program, with input as stdin.
 func (e *execProcess) command(input []byte) qemu.GuestCommand {
 	return qemu.GuestCommand{Path: e.args[0], Args: e.args[1:], Env: e.env, Input: input}
 }
@@ -155,8 +191,18 @@ func (e *execProcess) runWithInput() {
 		return
 	}
 	e.mu.Lock()
-	e.pid = pid
+	ended := e.ending
+	if !ended {
+		e.pid = pid
+	}
 	e.mu.Unlock()
+	if ended {
+		// Killed while the agent started it.
+		if err := e.signalGuest(context.WithoutCancel(e.ctx), unix.SIGKILL, pid); err != nil {
+			log.G(e.ctx).WithError(err).WithFields(log.Fields{"id": e.taskID, "exec_id": e.id}).Warn("kill exec in guest")
+		}
+		return
+	}
 	e.poll(pid)
 }
 
@@ -215,32 +261,41 @@ func (e *execProcess) poll(pid int) {
 	}
 }
 
-// finish writes the program's output and records its exit, once.
+// finish writes the program's output and records its exit, once. The
+// output is written only for an exec that started, within outputTimeout
+// or until dropOutput.
 func (e *execProcess) finish(st qemu.GuestExecStatus) {
-	e.mu.Lock()
-	if e.ending || e.st == stateStopped || e.st == stateDeleted {
-		e.mu.Unlock()
+	started, ok := e.claim()
+	if !ok {
 		return
 	}
-	e.ending = true
-	started := e.st != stateCreated
-	e.mu.Unlock()
 	e.cancel()
 	if st.Truncated {
 		log.G(e.ctx).WithFields(log.Fields{"id": e.taskID, "exec_id": e.id}).Warn("exec output truncated by the guest agent")
 	}
 	if started {
-		// An exec never started has no reader waiting for output.
-		writeOutputs(context.WithoutCancel(e.ctx), e.stdio, st.Stdout, st.Stderr)
+		writeOutputs(e.outCtx, e.stdio, st.Stdout, st.Stderr)
 	}
+	e.dropOutput()
 	e.mu.Lock()
 	e.exitCode, e.exitedAt = st.ExitCode, time.Now()
 	if err := e.transition(stateStopped); err != nil {
 		log.G(e.ctx).WithError(err).Error("record exec exit")
 	}
 	e.mu.Unlock()
-	e.onExit(e)
 	close(e.exited)
+}
+
+// claim makes the caller the one to record the exit, unless another has
+// or it is recorded; started reports whether the exec got to run.
+func (e *execProcess) claim() (started, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ending || e.st == stateStopped || e.st == stateDeleted {
+		return false, false
+	}
+	e.ending = true
+	return e.st != stateCreated, true
 }
 
 // writeOutputs writes stdout and stderr to their fifos, concurrently (a
@@ -279,9 +334,10 @@ func writeFifo(ctx context.Context, path string, data []byte) error {
 	return err
 }
 
-// kill signals the program in the guest (the agent runs `kill`). SIGKILL
-// always ends the exec: if the guest does not report the program's end in
-// time, the exec ends without it, with status 137.
+// kill signals the program in the guest (the agent runs `kill`), within
+// agentCallTimeout. SIGKILL returns at once and always ends the exec: if
+// the guest does not report the program's end within killGrace, the exec
+// ends without it, with status 137.
 func (e *execProcess) kill(ctx context.Context, sig uint32) error {
 	e.mu.Lock()
 	st, pid := e.st, e.pid
@@ -289,33 +345,43 @@ func (e *execProcess) kill(ctx context.Context, sig uint32) error {
 	if st == stateStopped || st == stateDeleted {
 		return fmt.Errorf("exec %s: process already finished: %w", e.id, errdefs.ErrNotFound)
 	}
-	if sig == 0 {
+	switch {
+	case sig == 0:
+		return nil
+	case syscall.Signal(sig) == unix.SIGKILL:
+		e.killNow(ctx, pid)
+		return nil
+	case pid == 0:
+		// Not started, or waiting for stdin: nothing runs in the guest yet.
+		go e.finish(qemu.GuestExecStatus{Exited: true, ExitCode: 128 + int(sig)})
 		return nil
 	}
-	var err error
-	if pid > 0 {
-		err = e.signalGuest(ctx, syscall.Signal(sig), pid)
+	return e.signalGuest(ctx, syscall.Signal(sig), pid)
+}
+
+// killNow sends SIGKILL to the program in the background and ends the exec
+// once the guest reports the program's end or killGrace has passed.
+func (e *execProcess) killNow(ctx context.Context, pid int) {
+	killed := qemu.GuestExecStatus{Exited: true, ExitCode: 128 + int(unix.SIGKILL)}
+	if pid == 0 {
+		go e.finish(killed)
+		return
 	}
-	if syscall.Signal(sig) != unix.SIGKILL {
-		if pid == 0 {
-			// Still waiting for stdin: nothing runs in the guest yet.
-			e.finish(qemu.GuestExecStatus{Exited: true, ExitCode: 128 + int(sig)})
+	logger := log.G(ctx).WithFields(log.Fields{"id": e.taskID, "exec_id": e.id, "pid": pid})
+	go func() {
+		if err := e.signalGuest(context.WithoutCancel(ctx), unix.SIGKILL, pid); err != nil {
+			logger.WithError(err).Warn("kill exec in guest")
 		}
-		return err
-	}
-	if err != nil {
-		log.G(ctx).WithError(err).WithField("exec_id", e.id).Warn("kill exec in guest")
-	}
+	}()
 	go func() {
 		t := time.NewTimer(killGrace)
 		defer t.Stop()
 		select {
 		case <-e.exited:
 		case <-t.C:
-			e.finish(qemu.GuestExecStatus{Exited: true, ExitCode: 128 + int(unix.SIGKILL)})
+			e.finish(killed)
 		}
 	}()
-	return nil
 }
 
 // signalGuest sends sig to the program's guest pid with the guest's kill.
@@ -335,6 +401,38 @@ func (e *execProcess) vmGone() {
 	e.finish(qemu.GuestExecStatus{Exited: true, ExitCode: 128 + int(unix.SIGKILL)})
 }
 
+// endExecs ends the execs of a VM that has stopped and returns once each
+// has stopped and, if it started, queued its exit: the task's exit must
+// be the last published. An exec still writing its output gets
+// flushTimeout, then its output is cut short.
+func endExecs(ctx context.Context, execs []*execProcess) {
+	if len(execs) == 0 {
+		return
+	}
+	all := make(chan struct{})
+	go func() {
+		for _, e := range execs {
+			<-e.exited
+		}
+		close(all)
+	}()
+	for _, e := range execs {
+		go e.vmGone()
+	}
+	t := time.NewTimer(flushTimeout)
+	defer t.Stop()
+	select {
+	case <-all:
+		return
+	case <-t.C:
+	}
+	log.G(ctx).WithField("id", execs[0].taskID).Warn("exec output not drained before the vm's exit")
+	for _, e := range execs {
+		e.dropOutput()
+	}
+	<-all
+}
+
 // wait blocks until the exec has stopped or ctx ends.
 func (e *execProcess) wait(ctx context.Context) error { return waitClosed(ctx, e.exited) }
 
@@ -342,12 +440,14 @@ func (e *execProcess) wait(ctx context.Context) error { return waitClosed(ctx, e
 func (e *execProcess) delete() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.st == stateCreated {
+	if e.st == stateCreated && !e.starting && !e.ending {
 		// Never started: nothing runs, nothing to report.
+		e.ending = true
 		e.cancel()
 		if err := e.transition(stateStopped); err != nil {
 			return err
 		}
+		close(e.exited)
 	}
 	return e.transition(stateDeleted)
 }

@@ -23,7 +23,10 @@ import (
 	"github.com/vmshim/vmshim/qemu"
 )
 
-// fakeAgent runs "programs" whose outcome the test scripts by path.
+// fakeAgent runs "programs" whose outcome the test scripts by path. It
+// can fail every call (err), and hold calls for the test (holdCalls):
+// a held call hangs until the test answers it or its context ends, so
+// the test can also answer calls in another order than they came.
 type fakeAgent struct {
 	mu       sync.Mutex // guards everything below
 	results  map[string]qemu.GuestExecStatus
@@ -32,30 +35,97 @@ type fakeAgent struct {
 	commands []qemu.GuestCommand
 	hang     map[string]bool // programs that never end
 	err      error           // returned by every call when set
+	held     chan *agentCall // receives the calls hold selects; nil: none
+	hold     func(*agentCall) bool
+	calls    int // calls made
+	// noDeadline lists the calls made with a context without deadline.
+	noDeadline []string
 }
 
+// newFakeAgent returns an agent with nothing scripted.
 func newFakeAgent() *fakeAgent {
 	return &fakeAgent{results: map[string]qemu.GuestExecStatus{}, pending: map[int]string{}, hang: map[string]bool{}, next: 100}
 }
 
-func (a *fakeAgent) Exec(_ context.Context, c qemu.GuestCommand) (int, error) {
+// agentCall is one call to the fake agent, as the test sees it when the
+// agent holds it.
+type agentCall struct {
+	name   string            // "exec", "status" or "ping"
+	cmd    qemu.GuestCommand // exec's command
+	pid    int               // status's pid
+	answer chan error
+}
+
+// release lets a held call go on as scripted (err nil) or fails it with err.
+func (c *agentCall) release(err error) { c.answer <- err }
+
+// holdCalls makes the agent hold the calls which accepts (every call when
+// which is nil) and hand each to the returned channel as it arrives.
+func (a *fakeAgent) holdCalls(which func(*agentCall) bool) <-chan *agentCall {
+	ch := make(chan *agentCall)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.err != nil {
-		return 0, a.err
+	a.held, a.hold = ch, which
+	return ch
+}
+
+// stopHolding lets later calls through without the test.
+func (a *fakeAgent) stopHolding() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.held, a.hold = nil, nil
+}
+
+// call goes through what every call does first: it fails with err, is
+// noted if ctx has no deadline, and waits while it is held.
+func (a *fakeAgent) call(ctx context.Context, c *agentCall) error {
+	a.mu.Lock()
+	err, held, hold := a.err, a.held, a.hold
+	a.calls++
+	if _, ok := ctx.Deadline(); !ok {
+		a.noDeadline = append(a.noDeadline, c.name)
 	}
+	a.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if held == nil || (hold != nil && !hold(c)) {
+		return nil
+	}
+	c.answer = make(chan error, 1)
+	select {
+	case held <- c:
+	case <-ctx.Done():
+		return fmt.Errorf("guest agent %s: %w", c.name, ctx.Err())
+	}
+	select {
+	case err := <-c.answer:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("guest agent %s: %w", c.name, ctx.Err())
+	}
+}
+
+// Exec starts a scripted program and returns its pid.
+func (a *fakeAgent) Exec(ctx context.Context, c qemu.GuestCommand) (int, error) {
+	if err := a.call(ctx, &agentCall{name: "exec", cmd: c}); err != nil {
+		return 0, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	a.commands = append(a.commands, c)
 	a.next++
 	a.pending[a.next] = c.Path
 	return a.next, nil
 }
 
-func (a *fakeAgent) ExecStatus(_ context.Context, pid int) (qemu.GuestExecStatus, error) {
+// ExecStatus reports a program's scripted outcome, or that it runs.
+func (a *fakeAgent) ExecStatus(ctx context.Context, pid int) (qemu.GuestExecStatus, error) {
+	if err := a.call(ctx, &agentCall{name: "status", pid: pid}); err != nil {
+		return qemu.GuestExecStatus{}, err
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.err != nil {
-		return qemu.GuestExecStatus{}, a.err
-	}
 	path, ok := a.pending[pid]
 	if !ok {
 		return qemu.GuestExecStatus{}, fmt.Errorf("pid %d: %w", pid, errdefs.ErrNotFound)
@@ -68,10 +138,9 @@ func (a *fakeAgent) ExecStatus(_ context.Context, pid int) (qemu.GuestExecStatus
 	return st, nil
 }
 
-func (a *fakeAgent) Ping(context.Context) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.err
+// Ping answers unless the agent fails or holds the call.
+func (a *fakeAgent) Ping(ctx context.Context) error {
+	return a.call(ctx, &agentCall{name: "ping"})
 }
 
 func (a *fakeAgent) commandList() []qemu.GuestCommand {

@@ -47,12 +47,16 @@ type fakeVM struct {
 	// killKeepsRunning stops Kill from ending the VM (the default mimics
 	// QEMU: SIGKILL ends it with 137).
 	killKeepsRunning bool
-	// pidGate, when set, makes the next Pid call wait until it is closed.
-	pidGate chan struct{}
-	// frozen, when set, makes Start, Pause and Resume wait, as calls to a
-	// QEMU stopped with SIGSTOP do, until it is closed, their context
-	// ends or the VM exits (QMP's connection then closes).
+	// frozen, when set, makes Start, Powerdown, Pause and Resume wait, as
+	// calls to a QEMU stopped with SIGSTOP do, until it is closed, their
+	// context ends or the VM exits (QMP's connection then closes).
 	frozen chan struct{}
+	// noDeadline lists the QMP calls made with a context without deadline.
+	noDeadline []string
+	// onStart, when set, runs as Start succeeds: what the guest does as
+	// its vCPUs start. hooks are the VM's start hooks (nil: none).
+	onStart func()
+	hooks   StartHooks
 	// agent is the guest agent (nil: none); stats what Stats returns;
 	// updates what Update was given.
 	agent   GuestAgent
@@ -67,16 +71,7 @@ func newFakeVM(pid int) *fakeVM {
 
 var _ VM = (*fakeVM)(nil)
 
-func (v *fakeVM) Pid() int {
-	v.mu.Lock()
-	gate := v.pidGate
-	v.pidGate = nil
-	v.mu.Unlock()
-	if gate != nil {
-		<-gate
-	}
-	return v.pid
-}
+func (v *fakeVM) Pid() int { return v.pid }
 
 func (v *fakeVM) Console() io.ReadWriteCloser { return v.host }
 
@@ -91,6 +86,9 @@ func (v *fakeVM) qmp(ctx context.Context, call string) error {
 	v.record(call)
 	v.mu.Lock()
 	frozen := v.frozen
+	if _, ok := ctx.Deadline(); !ok {
+		v.noDeadline = append(v.noDeadline, call)
+	}
 	v.mu.Unlock()
 	if frozen == nil {
 		return nil
@@ -110,13 +108,16 @@ func (v *fakeVM) Start(ctx context.Context) error {
 		return err
 	}
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.startErr
+	err, onStart := v.startErr, v.onStart
+	v.mu.Unlock()
+	if err == nil && onStart != nil {
+		onStart()
+	}
+	return err
 }
 
-func (v *fakeVM) Powerdown(context.Context) error {
-	v.record("powerdown")
-	return nil
+func (v *fakeVM) Powerdown(ctx context.Context) error {
+	return v.qmp(ctx, "powerdown")
 }
 
 func (v *fakeVM) Kill() error {
@@ -145,7 +146,11 @@ func (v *fakeVM) Resume(ctx context.Context) error {
 
 func (v *fakeVM) Done() <-chan struct{} { return v.done }
 
-func (v *fakeVM) StartHooks() StartHooks { return nil }
+func (v *fakeVM) StartHooks() StartHooks {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.hooks
+}
 
 func (v *fakeVM) GuestAgent() GuestAgent {
 	v.mu.Lock()
@@ -421,7 +426,15 @@ func (r *logRecorder) warnings() []string {
 // newService starts a task service with fakes, in namespace "test".
 func newService(t *testing.T) (*service, *fakeLauncher, *fakePublisher, shutdown.Service) {
 	t.Helper()
-	base, _ := testLogger(t)
+	s, l, p, sd, _ := newLoggedService(t)
+	return s, l, p, sd
+}
+
+// newLoggedService is newService that also returns the service's
+// warnings and errors.
+func newLoggedService(t *testing.T) (*service, *fakeLauncher, *fakePublisher, shutdown.Service, *logRecorder) {
+	t.Helper()
+	base, rec := testLogger(t)
 	ctx, sd := shutdown.WithShutdown(namespaces.WithNamespace(base, "test"))
 	l, p := newFakeLauncher(), newFakePublisher()
 	ts, err := NewTaskService(ctx, p, sd, l)
@@ -433,7 +446,7 @@ func newService(t *testing.T) (*service, *fakeLauncher, *fakePublisher, shutdown
 		t.Fatalf("NewTaskService returned %T", ts)
 	}
 	t.Cleanup(l.exitAll)
-	return s, l, p, sd
+	return s, l, p, sd, rec
 }
 
 // mkfifo makes a fifo in a fresh temporary directory.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -26,6 +27,10 @@ import (
 
 var _ shim.TTRPCService = (*service)(nil)
 
+// publishTimeout bounds how long shutdown waits for queued events to be
+// published.
+const publishTimeout = 5 * time.Second
+
 // service is the ttrpc task service: each RPC finds the task, calls it,
 // and maps the error once.
 type service struct {
@@ -33,9 +38,11 @@ type service struct {
 	launcher Launcher
 	shutdown shutdown.Service
 
-	evMu     sync.Mutex // guards events and evClosed
-	events   chan any
+	evMu     sync.Mutex // guards queue and evClosed; a leaf: nothing else is locked under it
+	evCond   *sync.Cond // on evMu; signalled when queue grows or is closed
+	queue    []any      // events not yet handed to the publisher, oldest first
 	evClosed bool
+	drained  chan struct{} // closed once every queued event has been handed to the publisher
 
 	mu       sync.Mutex // guards tasks and creating
 	tasks    map[string]*task
@@ -48,19 +55,14 @@ func NewTaskService(ctx context.Context, publisher shim.Publisher, sd shutdown.S
 	s := &service{
 		ctx:      ctx,
 		launcher: l,
-		events:   make(chan any, 128),
 		shutdown: sd,
 		tasks:    make(map[string]*task),
 		creating: make(map[string]bool),
+		drained:  make(chan struct{}),
 	}
+	s.evCond = sync.NewCond(&s.evMu)
 	go s.forward(ctx, publisher)
-	sd.RegisterCallback(func(context.Context) error {
-		s.evMu.Lock()
-		s.evClosed = true
-		close(s.events)
-		s.evMu.Unlock()
-		return nil
-	})
+	sd.RegisterCallback(s.closeEvents)
 	if address, err := shim.ReadAddress("address"); err == nil {
 		sd.RegisterCallback(func(context.Context) error { return shim.RemoveSocket(address) })
 	}
@@ -105,18 +107,21 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 		}
 		return nil, errgrpc.ToGRPC(createError(err))
 	}
-	t := newTask(s.ctx, r.ID, r.Bundle, io, out, vm, s.exited)
-	s.mu.Lock()
-	s.tasks[r.ID] = t
-	s.mu.Unlock()
+	t := newTask(s.ctx, r.ID, r.Bundle, io, out, vm, s.send)
+	// TaskCreate is queued before any RPC can find the task and before its
+	// exit can be noticed, so it comes first of the task's events.
 	s.send(&eventstypes.TaskCreate{
 		ContainerID: r.ID,
 		Bundle:      r.Bundle,
 		Rootfs:      r.Rootfs,
 		IO:          &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
-		Pid:         uint32(vm.Pid()),
+		Pid:         uint32(t.pid),
 	})
-	return &taskAPI.CreateTaskResponse{Pid: uint32(vm.Pid())}, nil
+	s.mu.Lock()
+	s.tasks[r.ID] = t
+	s.mu.Unlock()
+	t.watch(s.ctx)
+	return &taskAPI.CreateTaskResponse{Pid: uint32(t.pid)}, nil
 }
 
 // createError keeps Create from failing with NotImplemented: containerd
@@ -131,7 +136,8 @@ func createError(err error) error {
 	return fmt.Errorf("%s: %w", msg, errdefs.ErrFailedPrecondition)
 }
 
-// Start runs the VM, or an exec's program in the guest.
+// Start runs the VM, or an exec's program in the guest; the task or exec
+// queues TaskStart or TaskExecStarted as it starts.
 func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
 	t, e, err := s.get(r.ID, r.ExecID)
 	if err != nil {
@@ -142,17 +148,15 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 		if err != nil {
 			return nil, errgrpc.ToGRPC(err)
 		}
-		s.send(&eventstypes.TaskExecStarted{ContainerID: t.id, ExecID: e.id, Pid: uint32(pid)})
 		return &taskAPI.StartResponse{Pid: uint32(pid)}, nil
 	}
 	if err := t.start(ctx); err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	s.send(&eventstypes.TaskStart{ContainerID: t.id, Pid: uint32(t.vm.Pid())})
-	return &taskAPI.StartResponse{Pid: uint32(t.vm.Pid())}, nil
+	return &taskAPI.StartResponse{Pid: uint32(t.pid)}, nil
 }
 
-// Delete releases a stopped task or exec.
+// Delete releases a stopped task or exec; the task queues TaskDelete.
 func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
 	t, e, err := s.get(r.ID, r.ExecID)
 	if err != nil {
@@ -172,10 +176,7 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	delete(s.tasks, r.ID)
 	s.mu.Unlock()
 	_, code, at := t.snapshot()
-	s.send(&eventstypes.TaskDelete{
-		ContainerID: t.id, Pid: uint32(t.vm.Pid()), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at),
-	})
-	return &taskAPI.DeleteResponse{Pid: uint32(t.vm.Pid()), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at)}, nil
+	return &taskAPI.DeleteResponse{Pid: uint32(t.pid), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at)}, nil
 }
 
 // State reports the task's or exec's status.
@@ -194,7 +195,7 @@ func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.
 	}
 	st, code, at := t.snapshot()
 	return &taskAPI.StateResponse{
-		ID: t.id, Bundle: t.bundle, Pid: uint32(t.vm.Pid()), Status: st.status(),
+		ID: t.id, Bundle: t.bundle, Pid: uint32(t.pid), Status: st.status(),
 		Stdin: t.stdio.stdin, Stdout: t.stdio.stdout, Stderr: t.stdio.stderr, Terminal: t.stdio.terminal,
 		ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at),
 	}, nil
@@ -244,10 +245,10 @@ func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.Pi
 	if err != nil {
 		return nil, err
 	}
-	return &taskAPI.PidsResponse{Processes: []*apitask.ProcessInfo{{Pid: uint32(t.vm.Pid())}}}, nil
+	return &taskAPI.PidsResponse{Processes: []*apitask.ProcessInfo{{Pid: uint32(t.pid)}}}, nil
 }
 
-// Pause stops the VM's vCPUs.
+// Pause stops the VM's vCPUs; the task queues TaskPaused.
 func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*emptypb.Empty, error) {
 	t, _, err := s.get(r.ID, "")
 	if err != nil {
@@ -256,11 +257,10 @@ func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*emptypb.
 	if err := t.pause(ctx); err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	s.send(&eventstypes.TaskPaused{ContainerID: t.id})
 	return &emptypb.Empty{}, nil
 }
 
-// Resume restarts the VM's vCPUs.
+// Resume restarts the VM's vCPUs; the task queues TaskResumed.
 func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*emptypb.Empty, error) {
 	t, _, err := s.get(r.ID, "")
 	if err != nil {
@@ -269,7 +269,6 @@ func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*emptyp
 	if err := t.resume(ctx); err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	s.send(&eventstypes.TaskResumed{ContainerID: t.id})
 	return &emptypb.Empty{}, nil
 }
 
@@ -295,17 +294,17 @@ func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*
 	return &emptypb.Empty{}, nil
 }
 
-// Exec adds a program to run in the guest through its agent.
+// Exec adds a program to run in the guest through its agent; the task
+// queues TaskExecAdded.
 func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*emptypb.Empty, error) {
 	t, _, err := s.get(r.ID, "")
 	if err != nil {
 		return nil, err
 	}
 	io := stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal}
-	if _, err := t.addExec(s.ctx, r.ExecID, r.Spec.GetValue(), io, s.execExited); err != nil {
+	if _, err := t.addExec(s.ctx, r.ExecID, r.Spec.GetValue(), io); err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	s.send(&eventstypes.TaskExecAdded{ContainerID: t.id, ExecID: r.ExecID})
 	return &emptypb.Empty{}, nil
 }
 
@@ -347,7 +346,7 @@ func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
 	resp := &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid())}
 	if t, _, err := s.get(r.ID, ""); err == nil {
-		resp.TaskPid = uint32(t.vm.Pid())
+		resp.TaskPid = uint32(t.pid)
 	}
 	return resp, nil
 }
@@ -382,24 +381,10 @@ func (s *service) get(id, execID string) (*task, *execProcess, error) {
 	return t, e, nil
 }
 
-// execExited publishes an exec's exit.
-func (s *service) execExited(e *execProcess) {
-	_, pid, code, at := e.snapshot()
-	s.send(&eventstypes.TaskExit{
-		ContainerID: e.taskID, ID: e.id, Pid: uint32(pid), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at),
-	})
-}
-
-// exited publishes a task's exit.
-func (s *service) exited(t *task) {
-	_, code, at := t.snapshot()
-	s.send(&eventstypes.TaskExit{
-		ContainerID: t.id, ID: t.id, Pid: uint32(t.vm.Pid()), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at),
-	})
-}
-
-// send queues an event for containerd; once the shim is shutting down,
-// events have nowhere to go and are dropped.
+// send queues an event for containerd. It never blocks, so tasks and
+// execs call it with their locks held, and events are published in the
+// order of the state changes that queue them. Once the shim is shutting
+// down, events have nowhere to go and are dropped.
 func (s *service) send(e any) {
 	s.evMu.Lock()
 	defer s.evMu.Unlock()
@@ -407,19 +392,58 @@ func (s *service) send(e any) {
 		log.G(s.ctx).WithField("topic", runtime.GetTopic(e)).Warn("event after shutdown dropped")
 		return
 	}
-	s.events <- e
+	s.queue = append(s.queue, e)
+	s.evCond.Signal()
 }
 
-// forward publishes events to containerd in order.
+// closeEvents closes the event queue as the shim shuts down and waits, at
+// most publishTimeout, until the events queued before are published: the
+// shim exits once shutdown is done, and containerd must still hear the
+// last TaskExit and TaskDelete.
+func (s *service) closeEvents(ctx context.Context) error {
+	s.evMu.Lock()
+	s.evClosed = true
+	s.evCond.Broadcast()
+	s.evMu.Unlock()
+	t := time.NewTimer(publishTimeout)
+	defer t.Stop()
+	select {
+	case <-s.drained:
+	case <-t.C:
+		log.G(s.ctx).Warnf("events not published within %v of shutdown", publishTimeout)
+	case <-ctx.Done():
+	}
+	return nil
+}
+
+// take waits for queued events and hands them all over; done reports
+// that the queue is closed and nothing more will come.
+func (s *service) take() (events []any, done bool) {
+	s.evMu.Lock()
+	defer s.evMu.Unlock()
+	for len(s.queue) == 0 && !s.evClosed {
+		s.evCond.Wait()
+	}
+	events, s.queue = s.queue, nil
+	return events, s.evClosed
+}
+
+// forward publishes events to containerd in order until the queue is
+// closed and drained, then closes the publisher.
 func (s *service) forward(ctx context.Context, publisher shim.Publisher) {
 	ns, _ := namespaces.Namespace(ctx)
 	ctx = namespaces.WithNamespace(context.Background(), ns)
-	for e := range s.events {
-		if err := publisher.Publish(ctx, runtime.GetTopic(e), e); err != nil {
-			log.G(ctx).WithError(err).Error("publish event")
+	for done := false; !done; {
+		var events []any
+		events, done = s.take()
+		for _, e := range events {
+			if err := publisher.Publish(ctx, runtime.GetTopic(e), e); err != nil {
+				log.G(ctx).WithError(err).Error("publish event")
+			}
 		}
 	}
 	if err := publisher.Close(); err != nil {
 		log.G(ctx).WithError(err).Debug("close publisher")
 	}
+	close(s.drained)
 }

@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
-	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -470,51 +469,39 @@ func TestServiceShutdown(t *testing.T) {
 	p.waitUntil(t, "publisher close", func() bool { return p.closed })
 }
 
-func TestServiceExitPublishedBeforeWaitAndDelete(t *testing.T) {
-	// Between the task becoming stopped and its TaskExit being sent, Wait
-	// and Delete must hold back: containerd expects TaskExit before
-	// TaskDelete, and after Delete the shim may shut down and close the
-	// event queue.
+// TestServiceExitPublishedBeforeShutdown: containerd shuts an idle shim
+// down right after the last Delete, and the shim exits once shutdown is
+// done; by then the task's TaskExit and TaskDelete, queued before Delete
+// returned, are published and the publisher is closed.
+// (TestOrderExecOutputHoldsInitExit holds Wait and Delete back while the
+// exit waits.)
+func TestServiceExitPublishedBeforeShutdown(t *testing.T) {
 	s, l, p, sd := newService(t)
 	ctx := context.Background()
 	running(t, s, p, "vm1")
-	vm := l.vm(t, "vm1")
-	gate := make(chan struct{})
-	vm.mu.Lock()
-	vm.pidGate = gate // holds the exit publisher just before it sends
-	vm.mu.Unlock()
-	vm.exit(3)
-
-	deleted := make(chan error, 1)
-	go func() {
-		if _, err := s.Wait(ctx, &taskAPI.WaitRequest{ID: "vm1"}); err != nil {
-			deleted <- err
-			return
-		}
-		_, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "vm1"})
-		deleted <- err
-	}()
-	select {
-	case err := <-deleted:
-		t.Fatalf("wait and delete returned (%v) before TaskExit was sent", err)
-	case <-time.After(50 * time.Millisecond):
-	}
-	close(gate)
-	if err := receive(t, deleted, "delete"); err != nil {
+	l.vm(t, "vm1").exit(3)
+	if _, err := s.Wait(ctx, &taskAPI.WaitRequest{ID: "vm1"}); err != nil {
 		t.Fatal(err)
 	}
-	// containerd shuts an idle shim down right after the last delete.
+	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "vm1"}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s.Shutdown(ctx, &taskAPI.ShutdownRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	if !closedWithin(sd.Done()) {
 		t.Fatal("shim did not shut down")
 	}
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if !closed {
+		t.Fatal("shutdown done before the publisher was closed")
+	}
 	if ev := expect[*eventstypes.TaskExit](t, p, runtime.TaskExitEventTopic); ev.ExitStatus != 3 {
 		t.Fatalf("TaskExit %+v", ev)
 	}
 	expect[*eventstypes.TaskDelete](t, p, runtime.TaskDeleteEventTopic)
-	p.waitUntil(t, "publisher close", func() bool { return p.closed })
 }
 
 // TestServiceCreateNeverNotImplemented: containerd takes NotImplemented

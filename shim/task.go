@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"time"
 
+	eventstypes "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/v2/pkg/protobuf"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
@@ -15,12 +17,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// vcpuTimeout bounds a QMP call that starts, stops or restarts the vCPUs.
-const vcpuTimeout = 10 * time.Second
+// qmpTimeout bounds each QMP call the task makes: one that starts, stops
+// or restarts the vCPUs, or presses the power button.
+const qmpTimeout = 10 * time.Second
 
 // flushTimeout bounds how long an exit waits for the last console output
-// to reach stdout before it is reported.
+// to reach stdout, and the exits of its execs for their output, before it
+// is reported.
 const flushTimeout = 2 * time.Second
+
+// publish queues an event for containerd. It never blocks: tasks and execs
+// call it with their lock held, in the critical section that makes the
+// state change the event reports, so events go out in the order of the
+// changes.
+type publish func(event any)
 
 // stdio names the task's IO fifos, as containerd passed them.
 type stdio struct {
@@ -28,51 +38,78 @@ type stdio struct {
 	terminal              bool
 }
 
-// task is one container: a VM and its console.
+// task is one container: a VM and its console. Its events, and its
+// execs', are queued as its state changes (see publish), so containerd
+// hears them in the order the runc shim guarantees: TaskCreate first,
+// TaskStart before any exit, every exec's exit before the task's, and
+// TaskDelete last.
 type task struct {
 	id     string
 	bundle string
+	pid    int // QEMU's
 	stdio  stdio
 	vm     VM
 	cons   *console
+	pub    publish
 
 	// opMu serializes the calls that change whether the vCPUs run (see
 	// vcpus); it is never taken by kill, state or delete.
 	opMu     sync.Mutex
-	mu       sync.Mutex // guards st, starting, exitCode, exitedAt and execs; the only writer of st is transition; never held across a call to QEMU
+	mu       sync.Mutex // guards st, starting, exitCode, exitedAt and execs; the only writer of st is transition; never held across a call to QEMU or the guest agent
 	st       state
 	starting bool // a Start is under way
 	exitCode int
 	exitedAt time.Time
 	execs    map[string]*execProcess
-	exited   chan struct{} // closed when the task is stopped and its exit published
+	exited   chan struct{} // closed once the task is stopped and its exit queued, after its execs'
 }
 
-// newTask wraps a created VM whose console goes to out; onExit is called
-// once, after the task has become stopped.
-func newTask(ctx context.Context, id, bundle string, io stdio, out *output, vm VM, onExit func(*task)) *task {
-	t := &task{
-		id: id, bundle: bundle, stdio: io, vm: vm,
+// newTask wraps a created VM whose console goes to out and whose events
+// go to pub. Once its TaskCreate is queued, watch starts following the VM.
+func newTask(ctx context.Context, id, bundle string, io stdio, out *output, vm VM, pub publish) *task {
+	return &task{
+		id: id, bundle: bundle, pid: vm.Pid(), stdio: io, vm: vm, pub: pub,
 		cons:   newConsole(ctx, vm.Console(), io, out),
 		execs:  make(map[string]*execProcess),
 		exited: make(chan struct{}),
 	}
-	go t.monitor(ctx, onExit)
-	return t
 }
 
-// transition moves the task to state to; callers hold t.mu.
+// watch starts waiting for the VM's exit; call it once.
+func (t *task) watch(ctx context.Context) { go t.monitor(ctx) }
+
+// transition moves the task to state to and queues the event that
+// reports the move, if any; callers hold t.mu.
 func (t *task) transition(to state) error {
 	if err := t.st.next(to); err != nil {
 		return fmt.Errorf("task %s: %w", t.id, err)
 	}
+	from := t.st
 	t.st = to
+	if ev := t.event(from, to); ev != nil {
+		t.pub(ev)
+	}
 	return nil
 }
 
-// monitor waits for QEMU to exit, lets the console drain, and records
-// the exit.
-func (t *task) monitor(ctx context.Context, onExit func(*task)) {
+// event is the event of the move from one state to another. The exit and
+// the delete have none here: monitor and delete queue them once the work
+// that must come first is done.
+func (t *task) event(from, to state) any {
+	switch {
+	case from == stateCreated && to == stateRunning:
+		return &eventstypes.TaskStart{ContainerID: t.id, Pid: uint32(t.pid)}
+	case to == statePaused:
+		return &eventstypes.TaskPaused{ContainerID: t.id}
+	case from == statePaused && to == stateRunning:
+		return &eventstypes.TaskResumed{ContainerID: t.id}
+	}
+	return nil
+}
+
+// monitor waits for QEMU to exit, lets the console drain, records the
+// exit, ends the execs and queues their exits, then the task's.
+func (t *task) monitor(ctx context.Context) {
 	<-t.vm.Done()
 	select {
 	case <-t.cons.flushed():
@@ -81,6 +118,8 @@ func (t *task) monitor(ctx context.Context, onExit func(*task)) {
 	}
 	code, at := t.vm.ExitStatus()
 	t.mu.Lock()
+	// From here no exec is added or started and the task's state only
+	// moves on to deleted, which waits for t.exited.
 	if err := t.transition(stateStopped); err != nil {
 		log.G(ctx).WithError(err).Error("record exit")
 	}
@@ -90,16 +129,17 @@ func (t *task) monitor(ctx context.Context, onExit func(*task)) {
 		execs = append(execs, e)
 	}
 	t.mu.Unlock()
-	for _, e := range execs {
-		go e.vmGone()
-	}
-	onExit(t)
+	endExecs(ctx, execs)
+	t.pub(&eventstypes.TaskExit{
+		ContainerID: t.id, ID: t.id, Pid: uint32(t.pid), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at),
+	})
 	// Only now may Wait and Delete return: TaskExit is queued before
 	// TaskDelete, and before a shutdown closes the event queue.
 	close(t.exited)
 }
 
-// start runs the VM's vCPUs.
+// start runs the VM's vCPUs; TaskStart is queued as they do, before the
+// poststart hooks run and before an exit can be.
 func (t *task) start(ctx context.Context) error {
 	t.mu.Lock()
 	if t.starting {
@@ -144,7 +184,8 @@ func (t *task) run(ctx context.Context) error {
 }
 
 // vcpus runs op, a QMP call that changes whether the vCPUs run, if check
-// accepts the task's state, and then moves the task to state to. The call
+// accepts the task's state, and then moves the task to state to, which
+// queues the move's event. The call
 // runs under opMu, not mu, and with a deadline: kill, state and delete
 // never wait behind a QEMU that does not answer (stopped, or stuck), and
 // SIGKILL ends it whatever op is waiting for. A task that exited during
@@ -158,7 +199,7 @@ func (t *task) vcpus(ctx context.Context, what string, to state, op func(context
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, vcpuTimeout)
+	ctx, cancel := context.WithTimeout(ctx, qmpTimeout)
 	defer cancel()
 	if err := op(ctx); err != nil {
 		return fmt.Errorf("%s vm %s: %w", what, t.id, err)
@@ -169,7 +210,8 @@ func (t *task) vcpus(ctx context.Context, what string, to state, op func(context
 }
 
 // kill delivers a signal the way a VM understands it: SIGTERM, SIGINT and
-// SIGPWR press the power button, SIGKILL stops QEMU at once.
+// SIGPWR press the power button (a QMP call, within qmpTimeout), SIGKILL
+// stops QEMU at once. It takes no lock across either.
 func (t *task) kill(ctx context.Context, sig uint32) error {
 	t.mu.Lock()
 	st := t.st
@@ -187,6 +229,8 @@ func (t *task) kill(ctx context.Context, sig uint32) error {
 			// A guest whose vCPUs never ran cannot see the power button.
 			return t.vm.Kill()
 		}
+		ctx, cancel := context.WithTimeout(ctx, qmpTimeout)
+		defer cancel()
 		if err := t.vm.Powerdown(ctx); err != nil {
 			return fmt.Errorf("task %s: %w", t.id, err)
 		}
@@ -216,8 +260,9 @@ func (t *task) resume(ctx context.Context) error {
 	})
 }
 
-// delete releases a stopped task's resources. A created task that never
-// started is stopped first, as containerd expects.
+// delete releases a stopped task's resources and queues TaskDelete, the
+// task's last event. A created task that never started is stopped first,
+// as containerd expects.
 func (t *task) delete(ctx context.Context) error {
 	t.mu.Lock()
 	st := t.st
@@ -236,12 +281,16 @@ func (t *task) delete(ctx context.Context) error {
 	}
 	t.mu.Lock()
 	err := t.transition(stateDeleted)
+	code, at := t.exitCode, t.exitedAt
 	t.mu.Unlock()
 	if err != nil {
 		return err
 	}
 	_ = t.cons.Close()
 	t.vm.Release(ctx)
+	t.pub(&eventstypes.TaskDelete{
+		ContainerID: t.id, Pid: uint32(t.pid), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at),
+	})
 	return nil
 }
 
@@ -265,8 +314,9 @@ func (t *task) snapshot() (state, int, time.Time) {
 	return t.st, t.exitCode, t.exitedAt
 }
 
-// addExec registers a program to run in the guest of a running task.
-func (t *task) addExec(ctx context.Context, id string, spec []byte, io stdio, onExit func(*execProcess)) (*execProcess, error) {
+// addExec registers a program to run in the guest of a running task and
+// queues TaskExecAdded.
+func (t *task) addExec(ctx context.Context, id string, spec []byte, io stdio) (*execProcess, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.st != stateRunning {
@@ -275,11 +325,12 @@ func (t *task) addExec(ctx context.Context, id string, spec []byte, io stdio, on
 	if _, ok := t.execs[id]; ok {
 		return nil, fmt.Errorf("exec %s in task %s: %w", id, t.id, errdefs.ErrAlreadyExists)
 	}
-	e, err := newExec(ctx, t.id, id, spec, io, t.vm.GuestAgent(), onExit)
+	e, err := newExec(ctx, t.id, id, spec, io, t.vm.GuestAgent(), t.pub)
 	if err != nil {
 		return nil, err
 	}
 	t.execs[id] = e
+	t.pub(&eventstypes.TaskExecAdded{ContainerID: t.id, ExecID: id})
 	return e, nil
 }
 

@@ -33,7 +33,8 @@ func newHookedTask(t *testing.T, beforeErr error) (*task, *hookedVM) {
 	t.Helper()
 	ctx, _ := testLogger(t)
 	vm := &hookedVM{fakeVM: newFakeVM(42), beforeErr: beforeErr}
-	tk := newTask(ctx, "vm1", t.TempDir(), stdio{}, &output{}, vm, func(*task) {})
+	tk := newTask(ctx, "vm1", t.TempDir(), stdio{}, &output{}, vm, func(any) {})
+	tk.watch(ctx)
 	// A hook may ask for the task's state while it runs (through
 	// containerd): that must not wait for Start.
 	vm.during = func() { tk.snapshot() }
@@ -77,57 +78,41 @@ func TestTaskStartHookFailureLeavesCreated(t *testing.T) {
 	}
 }
 
-// TestTaskKillDoesNotWaitForFrozenQEMU freezes the VM's QMP while a pause
-// waits on it, as SIGSTOP does to QEMU: the task's state stays readable,
-// SIGKILL ends the task at once, and the pause then fails.
+// Liveness bounds: with a call to QEMU or the guest agent pending that
+// never returns, State answers within stateBound and SIGKILL stops the
+// task within killBound.
+const (
+	stateBound = time.Second
+	killBound  = 2 * time.Second
+)
+
+// TestTaskKillDoesNotWaitForFrozenQEMU freezes the VM's QMP while a
+// start, pause, resume or power-button press waits on it, as SIGSTOP
+// does to QEMU: the task's state stays readable, SIGKILL ends the task at
+// once, and the pending call then fails.
 func TestTaskKillDoesNotWaitForFrozenQEMU(t *testing.T) {
-	for _, op := range []string{"pause", "resume"} {
+	for _, op := range []string{"start", "pause", "resume", "powerdown"} {
 		t.Run(op, func(t *testing.T) {
 			ctx, _ := testLogger(t)
 			vm := newFakeVM(42)
-			tk := newTask(ctx, "vm1", t.TempDir(), stdio{}, &output{}, vm, func(*task) {})
+			tk := newTask(ctx, "vm1", t.TempDir(), stdio{}, &output{}, vm, func(any) {})
+			tk.watch(ctx)
 			t.Cleanup(func() {
 				_ = vm.Kill()
 				_ = tk.cons.Close()
 			})
-			if err := tk.start(context.Background()); err != nil {
-				t.Fatalf("start: %v", err)
-			}
-			if op == "resume" {
-				if err := tk.pause(context.Background()); err != nil {
-					t.Fatalf("pause: %v", err)
-				}
-			}
-			vm.mu.Lock()
-			vm.frozen = make(chan struct{})
-			vm.mu.Unlock()
-			pending := make(chan error, 1)
-			go func() {
-				if op == "pause" {
-					pending <- tk.pause(context.Background())
-				} else {
-					pending <- tk.resume(context.Background())
-				}
-			}()
-			within(t, "the "+op+" call", func() {
-				for vm.count(op) < 1 {
-					time.Sleep(time.Millisecond)
-				}
-			})
-			within(t, "state", func() { tk.snapshot() })
-			within(t, "SIGKILL", func() {
+			frozenDuring(t, tk, vm, op)
+			within(t, stateBound, "state", func() { tk.snapshot() })
+			within(t, killBound, "SIGKILL", func() {
 				if err := tk.kill(context.Background(), uint32(syscall.SIGKILL)); err != nil {
 					t.Errorf("kill: %v", err)
 				}
+				waitCtx, cancel := context.WithTimeout(context.Background(), killBound)
+				defer cancel()
+				if err := tk.wait(waitCtx); err != nil {
+					t.Errorf("task did not stop after SIGKILL: %v", err)
+				}
 			})
-			waitCtx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-			defer cancel()
-			if err := tk.wait(waitCtx); err != nil {
-				t.Fatalf("task did not stop after SIGKILL: %v", err)
-			}
-			if err := <-pending; err == nil {
-				t.Errorf("%s of a VM killed under it succeeded", op)
-			}
 			if st, code, _ := tk.snapshot(); st != stateStopped || code != 137 {
 				t.Errorf("task %s with exit %d, want stopped with 137", st, code)
 			}
@@ -135,8 +120,47 @@ func TestTaskKillDoesNotWaitForFrozenQEMU(t *testing.T) {
 	}
 }
 
-// within fails the test if fn does not return within waitTimeout.
-func within(t *testing.T, what string, fn func()) {
+// frozenDuring brings the task to where op applies, freezes the VM's QMP
+// and leaves op waiting on it; the test ends with op failed, as the VM
+// is killed under it.
+func frozenDuring(t *testing.T, tk *task, vm *fakeVM, op string) {
+	t.Helper()
+	ctx := context.Background()
+	calls := map[string]func() error{
+		"start":     func() error { return tk.start(ctx) },
+		"pause":     func() error { return tk.pause(ctx) },
+		"resume":    func() error { return tk.resume(ctx) },
+		"powerdown": func() error { return tk.kill(ctx, uint32(syscall.SIGTERM)) },
+	}
+	if op != "start" {
+		if err := tk.start(ctx); err != nil {
+			t.Fatalf("start: %v", err)
+		}
+	}
+	if op == "resume" {
+		if err := tk.pause(ctx); err != nil {
+			t.Fatalf("pause: %v", err)
+		}
+	}
+	vm.mu.Lock()
+	vm.frozen = make(chan struct{})
+	vm.mu.Unlock()
+	pending := make(chan error, 1)
+	go func() { pending <- calls[op]() }()
+	within(t, waitTimeout, "the "+op+" call", func() {
+		for vm.count(op) < 1 {
+			time.Sleep(time.Millisecond)
+		}
+	})
+	t.Cleanup(func() {
+		if err := receive(t, pending, op); err == nil {
+			t.Errorf("%s of a VM killed under it succeeded", op)
+		}
+	})
+}
+
+// within fails the test if fn does not return within d.
+func within(t *testing.T, d time.Duration, what string, fn func()) {
 	t.Helper()
 	done := make(chan struct{})
 	go func() {
@@ -145,7 +169,7 @@ func within(t *testing.T, what string, fn func()) {
 	}()
 	select {
 	case <-done:
-	case <-time.After(waitTimeout):
-		t.Fatalf("%s waited behind a call to a frozen QEMU", what)
+	case <-time.After(d):
+		t.Fatalf("%s did not return within %v", what, d)
 	}
 }
