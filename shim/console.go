@@ -129,6 +129,12 @@ func (c *console) readStdin(ctx context.Context, path string) {
 	_, _ = io.Copy(c.conn, f)
 }
 
+// note writes a line of the shim's own into the task's output, between
+// the guest's lines, for whoever reads the container's log.
+func (c *console) note(line string) {
+	c.buf.Write([]byte("\r\n" + line + "\r\n"))
+}
+
 // flushed is closed once every byte the guest wrote has reached stdout
 // (or been discarded); it happens after the guest side closes.
 func (c *console) flushed() <-chan struct{} { return c.done }

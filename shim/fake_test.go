@@ -23,6 +23,8 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/vmshim/vmshim/qemu"
 )
 
 // waitTimeout bounds every wait in these tests; nothing should come close.
@@ -62,6 +64,44 @@ type fakeVM struct {
 	agent   GuestAgent
 	stats   proto.Message
 	updates []*specs.LinuxResources
+	// releaseErrs fail Release, one call each, in turn.
+	releaseErrs []error
+	// oom counts OOM kills (nil: not watched); ioPause and ioChanged
+	// play QEMU's disk-error pause (see setIOPause).
+	oom       *fakeOOM
+	ioPause   *qemu.IOPause
+	ioChanged chan struct{}
+}
+
+// fakeOOM is an OOM kill counter the test raises.
+type fakeOOM struct {
+	events chan struct{}
+	mu     sync.Mutex
+	count  uint64
+}
+
+func newFakeOOM() *fakeOOM { return &fakeOOM{events: make(chan struct{}, 1)} }
+
+func (o *fakeOOM) Events() <-chan struct{} { return o.events }
+
+func (o *fakeOOM) Killed() (uint64, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.count, nil
+}
+
+// kill counts one OOM kill; notify says whether the watch reports it
+// (the kernel's notification may come after the process is gone).
+func (o *fakeOOM) kill(notify bool) {
+	o.mu.Lock()
+	o.count++
+	o.mu.Unlock()
+	if notify {
+		select {
+		case o.events <- struct{}{}:
+		default:
+		}
+	}
 }
 
 func newFakeVM(pid int) *fakeVM {
@@ -140,8 +180,19 @@ func (v *fakeVM) Pause(ctx context.Context) error {
 	return v.pauseErr
 }
 
+// Resume restarts the vCPUs: QEMU then retries a request that had
+// failed, which (in this fake) now succeeds.
 func (v *fakeVM) Resume(ctx context.Context) error {
-	return v.qmp(ctx, "resume")
+	if err := v.qmp(ctx, "resume"); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	paused := v.ioPause != nil
+	v.mu.Unlock()
+	if paused {
+		v.setIOPause(nil)
+	}
+	return nil
 }
 
 func (v *fakeVM) Done() <-chan struct{} { return v.done }
@@ -181,11 +232,49 @@ func (v *fakeVM) ExitStatus() (int, time.Time) {
 	return v.code, v.at
 }
 
-func (v *fakeVM) Release(context.Context) {
+func (v *fakeVM) Release(context.Context) error {
 	v.record("release")
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if len(v.releaseErrs) > 0 {
+		err := v.releaseErrs[0]
+		v.releaseErrs = v.releaseErrs[1:]
+		if err != nil {
+			return err
+		}
+	}
 	v.released++
+	return nil
+}
+
+func (v *fakeVM) OOMKills() OOMCounter {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.oom == nil {
+		return nil
+	}
+	return v.oom
+}
+
+func (v *fakeVM) IOPause() (*qemu.IOPause, <-chan struct{}) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.ioChanged == nil {
+		v.ioChanged = make(chan struct{})
+	}
+	return v.ioPause, v.ioChanged
+}
+
+// setIOPause plays QEMU pausing the VM at a disk error (p), or running it
+// again (nil).
+func (v *fakeVM) setIOPause(p *qemu.IOPause) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.ioPause = p
+	if v.ioChanged != nil {
+		close(v.ioChanged)
+	}
+	v.ioChanged = make(chan struct{})
 }
 
 // exit ends the VM the way QEMU's exit does: the serial port closes, then
@@ -226,11 +315,13 @@ func (v *fakeVM) releaseCount() int {
 
 // fakeLauncher hands out fake VMs and records what it was asked for.
 type fakeLauncher struct {
-	mu   sync.Mutex // guards everything below
-	err  error      // when set, Launch fails with it
-	next int
-	vms  map[string]*fakeVM
-	reqs []*CreateRequest
+	mu  sync.Mutex // guards everything below
+	err error      // when set, Launch fails with it
+	// prepare, when set, changes each VM before Launch returns it.
+	prepare func(*fakeVM)
+	next    int
+	vms     map[string]*fakeVM
+	reqs    []*CreateRequest
 }
 
 func newFakeLauncher() *fakeLauncher {
@@ -246,6 +337,9 @@ func (l *fakeLauncher) Launch(_ context.Context, r *CreateRequest) (VM, error) {
 	}
 	l.next++
 	v := newFakeVM(l.next)
+	if l.prepare != nil {
+		l.prepare(v)
+	}
 	l.vms[r.ID] = v
 	return v, nil
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/vmshim/vmshim/image"
 	"github.com/vmshim/vmshim/jail"
 	"github.com/vmshim/vmshim/network"
+	"github.com/vmshim/vmshim/oom"
 	"github.com/vmshim/vmshim/qemu"
 )
 
@@ -521,6 +522,21 @@ func (c *launch) qemu(ctx context.Context) (err error) {
 		stderr.Close()
 		return err
 	}
-	c.vm = &qemuVM{proc: vm, limits: c.limits, console: c.console, rec: c.rec, stderr: stderr, hooks: c.hooks}
+	c.vm = &qemuVM{proc: vm, limits: c.limits, console: c.console, rec: c.rec, stderr: stderr, hooks: c.hooks, oom: c.watchOOM()}
 	return nil
+}
+
+// watchOOM watches the VM's memory cgroup for OOM kills, so that the task
+// reports them; without a cgroup, or if it cannot be watched, the VM
+// runs unwatched.
+func (c *launch) watchOOM() *oom.Watcher {
+	if c.limits.cg == nil || c.limits.cg.MemoryDir() == "" {
+		return nil
+	}
+	w, err := oom.Watch(context.Background(), c.limits.cg.MemoryDir())
+	if err != nil {
+		c.logger.WithError(err).Warn("oom kills of this vm will not be reported")
+		return nil
+	}
+	return w
 }

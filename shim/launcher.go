@@ -27,6 +27,7 @@ import (
 
 	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/network"
+	"github.com/vmshim/vmshim/oom"
 	"github.com/vmshim/vmshim/qemu"
 )
 
@@ -293,6 +294,9 @@ type qemuVM struct {
 	rec     *record
 	stderr  io.Closer
 	hooks   *ociHooks
+	oom     *oom.Watcher // nil when the VM has no cgroup, or it could not be watched
+
+	closeOnce sync.Once // closes stderr and oom once
 }
 
 // Pid is QEMU's process id.
@@ -353,11 +357,25 @@ func (v *qemuVM) afterStart(ctx context.Context) {
 	v.hooks.runAll(ctx, phasePoststart, specs.StateRunning, v.Pid())
 }
 
-// Release frees what the VM held once QEMU has exited: its record's undo
-// stack.
-func (v *qemuVM) Release(ctx context.Context) {
-	v.stderr.Close()
-	if err := v.rec.release(ctx); err != nil {
-		log.G(ctx).WithError(err).WithField("id", v.rec.ID).Warn("release vm")
+// OOMKills is the watch on the VM's memory cgroup, or nil.
+func (v *qemuVM) OOMKills() OOMCounter {
+	if v.oom == nil {
+		return nil
 	}
+	return v.oom
+}
+
+// IOPause is the disk error that holds the VM paused, if any.
+func (v *qemuVM) IOPause() (*qemu.IOPause, <-chan struct{}) { return v.proc.IOPause() }
+
+// Release frees what the VM held once QEMU has exited: its record's undo
+// stack, which keeps what it could not undo for the next call.
+func (v *qemuVM) Release(ctx context.Context) error {
+	v.closeOnce.Do(func() {
+		v.stderr.Close()
+		if v.oom != nil {
+			_ = v.oom.Close()
+		}
+	})
+	return v.rec.release(ctx)
 }

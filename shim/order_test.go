@@ -36,6 +36,8 @@ func lifecycle(events []published, id string) []string {
 			container = ev.ContainerID
 		case *eventstypes.TaskPaused:
 			container = ev.ContainerID
+		case *eventstypes.TaskOOM:
+			container = ev.ContainerID
 		case *eventstypes.TaskResumed:
 			container = ev.ContainerID
 		case *eventstypes.TaskDelete:

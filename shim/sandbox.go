@@ -16,6 +16,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/vmshim/vmshim/qemu"
 )
 
 // PauseName is argv[0] of a pod sandbox's process: the shim binary run as
@@ -189,8 +191,10 @@ func (s *sandboxVM) Done() <-chan struct{} { return s.done }
 func (s *sandboxVM) ExitStatus() (int, time.Time) { return s.code, s.at }
 
 // Release undoes the sandbox's record: its cgroup and the record itself.
-func (s *sandboxVM) Release(ctx context.Context) {
-	if err := s.rec.release(ctx); err != nil {
-		log.G(ctx).WithError(err).WithField("id", s.rec.ID).Warn("release pod sandbox")
-	}
-}
+func (s *sandboxVM) Release(ctx context.Context) error { return s.rec.release(ctx) }
+
+// OOMKills is nil: a pause process's OOM kills are no VM's.
+func (s *sandboxVM) OOMKills() OOMCounter { return nil }
+
+// IOPause is never set: a sandbox has no disks.
+func (s *sandboxVM) IOPause() (*qemu.IOPause, <-chan struct{}) { return nil, nil }

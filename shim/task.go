@@ -15,6 +15,8 @@ import (
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/vmshim/vmshim/qemu"
 )
 
 // qmpTimeout bounds each QMP call the task makes: one that starts, stops
@@ -61,6 +63,15 @@ type task struct {
 	exitCode int
 	exitedAt time.Time
 	execs    map[string]*execProcess
+	// oomSeen is the OOM kill count already reported (TaskOOM), and
+	// exitQueued whether TaskExit is: no TaskOOM follows it.
+	oomSeen    uint64
+	exitQueued bool
+	// ioPause is the disk error that holds the VM paused, while one does.
+	ioPause *qemu.IOPause
+
+	relMu    sync.Mutex    // serializes Release; guards released
+	released bool          // the VM's resources are all freed
 	exited   chan struct{} // closed once the task is stopped and its exit queued, after its execs'
 }
 
@@ -76,7 +87,78 @@ func newTask(ctx context.Context, id, bundle string, io stdio, out *output, vm V
 }
 
 // watch starts waiting for the VM's exit; call it once.
-func (t *task) watch(ctx context.Context) { go t.monitor(ctx) }
+func (t *task) watch(ctx context.Context) {
+	go t.monitor(ctx)
+	if c := t.vm.OOMKills(); c != nil {
+		go t.followOOM(ctx, c)
+	}
+	go t.followIOPause(ctx)
+}
+
+// followOOM reports each OOM kill in the VM's cgroup, until the watch or
+// the task ends.
+func (t *task) followOOM(ctx context.Context, c OOMCounter) {
+	for {
+		select {
+		case _, ok := <-c.Events():
+			if !ok {
+				return
+			}
+			t.mu.Lock()
+			t.reportOOM(ctx)
+			t.mu.Unlock()
+		case <-t.exited:
+			return
+		}
+	}
+}
+
+// reportOOM queues TaskOOM when the cgroup's kill count has risen since
+// the last report, unless the exit is queued already; callers hold t.mu.
+// The kernel counts a kill before it sends SIGKILL, so the monitor's call
+// at exit sees the kill that ended QEMU.
+func (t *task) reportOOM(ctx context.Context) {
+	c := t.vm.OOMKills()
+	if c == nil || t.exitQueued {
+		return
+	}
+	n, err := c.Killed()
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("id", t.id).Warn("read oom kill count")
+	}
+	if n > t.oomSeen {
+		t.oomSeen = n
+		log.G(ctx).WithFields(log.Fields{"id": t.id, "oom_kills": n}).Warn("oom killer acted in the vm's cgroup")
+		t.pub(&eventstypes.TaskOOM{ContainerID: t.id})
+	}
+}
+
+// followIOPause makes the task paused while a disk error holds the VM
+// paused, and says why on its console, until the VM exits. The task runs
+// again when it is resumed (QEMU retries the request then, and pauses
+// again if it still fails).
+func (t *task) followIOPause(ctx context.Context) {
+	for {
+		p, changed := t.vm.IOPause()
+		if changed == nil {
+			return
+		}
+		t.mu.Lock()
+		// Each pause is a new IOPause: one seen for the first time paused
+		// the VM again, even if the resume between was missed.
+		if p != nil && p != t.ioPause && t.st == stateRunning && t.transition(statePaused) == nil {
+			log.G(ctx).WithFields(log.Fields{"id": t.id, "cause": p.String()}).Error("vm paused by a disk error; resume the task once the cause is gone")
+			t.cons.note(fmt.Sprintf("vmshim: the VM is paused: %s; it resumes when the task is resumed once the cause is gone", p))
+		}
+		t.ioPause = p
+		t.mu.Unlock()
+		select {
+		case <-changed:
+		case <-t.vm.Done():
+			return
+		}
+	}
+}
 
 // transition moves the task to state to and queues the event that
 // reports the move, if any; callers hold t.mu.
@@ -130,9 +212,13 @@ func (t *task) monitor(ctx context.Context) {
 	}
 	t.mu.Unlock()
 	endExecs(ctx, execs)
+	t.mu.Lock()
+	t.reportOOM(ctx)
+	t.exitQueued = true
 	t.pub(&eventstypes.TaskExit{
 		ContainerID: t.id, ID: t.id, Pid: uint32(t.pid), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at),
 	})
+	t.mu.Unlock()
 	// Only now may Wait and Delete return: TaskExit is queued before
 	// TaskDelete, and before a shutdown closes the event queue.
 	close(t.exited)
@@ -206,6 +292,9 @@ func (t *task) vcpus(ctx context.Context, what string, to state, op func(context
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.st == to {
+		return nil // a disk error paused it as it was being paused
+	}
 	return t.transition(to)
 }
 
@@ -279,15 +368,28 @@ func (t *task) delete(ctx context.Context) error {
 	if err := t.wait(ctx); err != nil {
 		return err
 	}
+	t.relMu.Lock()
+	defer t.relMu.Unlock()
 	t.mu.Lock()
-	err := t.transition(stateDeleted)
+	var err error
+	retry := t.st == stateDeleted
+	if !retry {
+		err = t.transition(stateDeleted)
+	}
 	code, at := t.exitCode, t.exitedAt
 	t.mu.Unlock()
-	if err != nil {
+	switch {
+	case err != nil:
 		return err
+	case t.released:
+		return fmt.Errorf("task %s: %w", t.id, errdefs.ErrNotFound)
+	case !retry:
+		_ = t.cons.Close()
 	}
-	_ = t.cons.Close()
-	t.vm.Release(ctx)
+	if err := t.vm.Release(ctx); err != nil {
+		return fmt.Errorf("delete task %s: %w (delete it again to finish)", t.id, err)
+	}
+	t.released = true
 	t.pub(&eventstypes.TaskDelete{
 		ContainerID: t.id, Pid: uint32(t.pid), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at),
 	})

@@ -34,8 +34,9 @@ type VM interface {
 	// ExitStatus is QEMU's exit code, or 128+signal; valid after Done.
 	ExitStatus() (int, time.Time)
 	// Release frees every host resource held for the VM; it is called
-	// after QEMU has exited.
-	Release(ctx context.Context)
+	// after QEMU has exited. What it could not free stays recorded, and
+	// a second call tries again.
+	Release(ctx context.Context) error
 	// GuestAgent is the guest agent's channel, or nil when the VM has
 	// none (a pod sandbox).
 	GuestAgent() GuestAgent
@@ -45,6 +46,21 @@ type VM interface {
 	Update(ctx context.Context, r *specs.LinuxResources) error
 	// StartHooks is the work to do around Start, or nil for none.
 	StartHooks() StartHooks
+	// OOMKills counts the OOM kills in the VM's memory cgroup, or is nil
+	// when none is watched.
+	OOMKills() OOMCounter
+	// IOPause is the disk error that holds the VM paused (nil while none
+	// does) and a channel closed when that changes (nil: it never does).
+	IOPause() (*qemu.IOPause, <-chan struct{})
+}
+
+// OOMCounter counts the OOM kills in a memory cgroup (see oom.Watcher).
+type OOMCounter interface {
+	// Events has a value after one or more kills; it is closed when the
+	// watch ends.
+	Events() <-chan struct{}
+	// Killed reads the kernel's count of kills now.
+	Killed() (uint64, error)
 }
 
 // StartHooks is work around a VM's Start (OCI hooks). It runs without the
