@@ -10,10 +10,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containerd/cgroups/v3"
+	sddbus "github.com/coreos/go-systemd/v22/dbus"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // v1ScopeUnits plays systemd on a real cgroup v1 machine: a started
@@ -23,7 +26,7 @@ type v1ScopeUnits struct {
 	calls []string
 }
 
-func (u *v1ScopeUnits) startScope(_ context.Context, slice, unit string, pid int) error {
+func (u *v1ScopeUnits) startScope(_ context.Context, slice, unit string, pid int, _ []sddbus.Property) error {
 	u.mu.Lock()
 	u.calls = append(u.calls, fmt.Sprintf("start %s %s %d", slice, unit, pid))
 	u.mu.Unlock()
@@ -34,10 +37,20 @@ func (u *v1ScopeUnits) startScope(_ context.Context, slice, unit string, pid int
 	return os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0)
 }
 
+func (u *v1ScopeUnits) setProperties(context.Context, string, []sddbus.Property) error { return nil }
+
+// stopUnit ends the scope's processes, as systemd does.
 func (u *v1ScopeUnits) stopUnit(_ context.Context, unit string) error {
 	u.mu.Lock()
-	defer u.mu.Unlock()
 	u.calls = append(u.calls, "stop "+unit)
+	slice := strings.SplitN(u.calls[0], " ", 3)[1]
+	u.mu.Unlock()
+	data, _ := os.ReadFile(filepath.Join(cgroupRoot, "systemd", slice, unit, "cgroup.procs"))
+	for _, f := range strings.Fields(string(data)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 	return nil
 }
 
@@ -85,12 +98,19 @@ func TestScopeStartsIntoScope(t *testing.T) {
 		if err := cg.Delete(); err != nil {
 			t.Errorf("delete: %v", err)
 		}
+		for deadline := time.Now().Add(waitTimeout); hold.Process.Signal(syscall.Signal(0)) == nil; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Error("the placeholder outlived the scope")
+				return
+			}
+		}
 	})
 	if got, want := cg.MemoryDir(), filepath.Join(cgroupRoot, "memory", slice, "p-x.scope"); got != want {
 		t.Errorf("memory dir %q, want %q", got, want)
 	}
-	if hold == nil || hold.ProcessState == nil {
-		t.Fatal("the placeholder process still runs after Start")
+	// The placeholder keeps the scope until Delete stops it.
+	if hold == nil || hold.Process.Signal(syscall.Signal(0)) != nil {
+		t.Fatal("the placeholder process is gone after Start")
 	}
 	calls := units.calls
 	if want := fmt.Sprintf("start %s p-x.scope %d", slice, hold.Process.Pid); len(calls) != 1 || calls[0] != want {
@@ -109,5 +129,36 @@ func TestScopeStartsIntoScope(t *testing.T) {
 	out, err := os.ReadFile(first)
 	if want := ":memory:/" + slice + "/p-x.scope\n"; err != nil || !strings.Contains(string(out), want) {
 		t.Errorf("the process's first cgroups lack %q (%v):\n%s", want, err, out)
+	}
+}
+
+// TestSetOOMScoreAdj checks that the spec's oom_score_adj reaches the
+// process, and that a spec without one leaves it as it was.
+func TestSetOOMScoreAdj(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	path := fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid)
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := setOOMScoreAdj(cmd.Process.Pid, &specs.Spec{Process: &specs.Process{}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(path); string(got) != string(before) {
+		t.Errorf("oom_score_adj %q without one in the spec, was %q", got, before)
+	}
+	adj := 937
+	if err := setOOMScoreAdj(cmd.Process.Pid, &specs.Spec{Process: &specs.Process{OOMScoreAdj: &adj}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(path); strings.TrimSpace(string(got)) != "937" {
+		t.Errorf("oom_score_adj %q, want 937", got)
+	}
+	if err := setOOMScoreAdj(1<<22+1, &specs.Spec{Process: &specs.Process{OOMScoreAdj: &adj}}); err == nil || strings.Contains(err.Error(), "\n") {
+		t.Errorf("a process that is gone: %v", err)
 	}
 }

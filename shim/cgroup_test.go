@@ -19,6 +19,7 @@ import (
 	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
 	cgroup2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/containerd/errdefs"
+	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -127,15 +128,17 @@ type fakeUnits struct {
 	root     string
 	startErr error
 
-	mu    sync.Mutex // guards calls and dirs
+	mu    sync.Mutex // guards calls, props and dirs
 	calls []string
-	dirs  map[string]string // unit -> directory
+	props [][]sddbus.Property // of each start and set call
+	dirs  map[string]string   // unit -> directory
 }
 
-func (u *fakeUnits) startScope(_ context.Context, slice, unit string, pid int) error {
+func (u *fakeUnits) startScope(_ context.Context, slice, unit string, pid int, res []sddbus.Property) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.calls = append(u.calls, fmt.Sprintf("start %s %s %d", slice, unit, pid))
+	u.props = append(u.props, res)
 	if u.startErr != nil {
 		return u.startErr
 	}
@@ -154,6 +157,14 @@ func (u *fakeUnits) startScope(_ context.Context, slice, unit string, pid int) e
 	}
 	u.dirs[unit] = filepath.Join(dir, unit)
 	return os.WriteFile(filepath.Join(dir, unit, "cgroup.procs"), []byte(strconv.Itoa(pid)+"\n"), 0o644)
+}
+
+func (u *fakeUnits) setProperties(_ context.Context, unit string, res []sddbus.Property) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.calls = append(u.calls, "set "+unit)
+	u.props = append(u.props, res)
+	return nil
 }
 
 func (u *fakeUnits) stopUnit(_ context.Context, unit string) error {
@@ -349,9 +360,62 @@ func TestCgroupV2Systemd(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkCgroupGone(t, dir)
-	want := []string{"start kubepods-pod1.slice cri-containerd-abc.scope 4242", "stop cri-containerd-abc.scope"}
+	want := []string{"start kubepods-pod1.slice cri-containerd-abc.scope 4242", "set cri-containerd-abc.scope", "stop cri-containerd-abc.scope"}
 	if got := units.callList(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("calls %q, want %q", got, want)
+	}
+	// systemd is told the limits too, so that a daemon-reload keeps them.
+	wantProps := []string{
+		"MemoryMax=t 100663296 CPUQuotaPerSecUSec=t 300000",
+		"MemoryMax=t 134217728 CPUQuotaPerSecUSec=t 200000",
+	}
+	for i, props := range units.props {
+		if got := propString(props); i >= len(wantProps) || got != wantProps[i] {
+			t.Errorf("properties of call %d: %s", i, got)
+		}
+	}
+}
+
+// propString renders unit properties as NAME=TYPE VALUE, space-separated.
+func propString(props []sddbus.Property) string {
+	var parts []string
+	for _, p := range props {
+		parts = append(parts, fmt.Sprintf("%s=%s %v", p.Name, p.Value.Signature(), p.Value.Value()))
+	}
+	return strings.Join(parts, " ")
+}
+
+func TestScopeProperties(t *testing.T) {
+	i64 := func(v int64) *int64 { return &v }
+	u64 := func(v uint64) *uint64 { return &v }
+	for _, tc := range []struct {
+		name string
+		r    *specs.LinuxResources
+		v2   bool
+		want string
+	}{
+		{"none", nil, true, ""},
+		{"v2 all", &specs.LinuxResources{
+			Memory: &specs.LinuxMemory{Limit: i64(512 << 20), Swap: i64(512 << 20)},
+			CPU:    &specs.LinuxCPU{Shares: u64(1024), Quota: i64(150000), Period: u64(100000), Cpus: "0-2,9", Mems: "0"},
+			Pids:   &specs.LinuxPids{Limit: i64(4096)},
+		}, true, "MemoryMax=t 536870912 MemorySwapMax=t 0 CPUWeight=t 39 CPUQuotaPerSecUSec=t 1500000 " +
+			"AllowedCPUs=ay [7 2] AllowedMemoryNodes=ay [1] TasksMax=t 4096"},
+		{"v2 unlimited swap", &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: i64(1 << 30), Swap: i64(-1)}}, true,
+			"MemoryMax=t 1073741824 MemorySwapMax=t 18446744073709551615"},
+		{"v1", &specs.LinuxResources{
+			Memory: &specs.LinuxMemory{Limit: i64(256 << 20)},
+			CPU:    &specs.LinuxCPU{Shares: u64(512), Cpus: "1"},
+		}, false, "MemoryLimit=t 268435456 CPUShares=t 512"},
+		{"quota rounded up to 10ms", &specs.LinuxResources{CPU: &specs.LinuxCPU{Quota: i64(12345), Period: u64(100000)}}, true,
+			"CPUQuotaPerSecUSec=t 130000"},
+		{"period not the default", &specs.LinuxResources{CPU: &specs.LinuxCPU{Quota: i64(50000), Period: u64(50000)}}, true,
+			"CPUQuotaPeriodUSec=t 50000 CPUQuotaPerSecUSec=t 1000000"},
+		{"bad cpuset left to the files", &specs.LinuxResources{CPU: &specs.LinuxCPU{Cpus: "3-1"}}, true, ""},
+	} {
+		if got := propString(scopeProperties(tc.r, tc.v2)); got != tc.want {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
+		}
 	}
 }
 

@@ -522,6 +522,10 @@ func (c *launch) qemu(ctx context.Context) (err error) {
 		stderr.Close()
 		return err
 	}
+	if err := setOOMScoreAdj(vm.Pid(), c.spec); err != nil {
+		stderr.Close()
+		return err // the rollback stops QEMU
+	}
 	c.vm = &qemuVM{proc: vm, limits: c.limits, console: c.console, rec: c.rec, stderr: stderr, hooks: c.hooks, oom: c.watchOOM()}
 	return nil
 }

@@ -5,8 +5,10 @@ import (
 
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -126,4 +128,18 @@ func specMemoryLimit(spec *specs.Spec) int64 {
 		return 0
 	}
 	return *spec.Linux.Resources.Memory.Limit
+}
+
+// setOOMScoreAdj gives the task's process the spec's oom_score_adj (the
+// kubelet's per-QoS value); without one it keeps the shim's, as a runc
+// container does.
+func setOOMScoreAdj(pid int, spec *specs.Spec) error {
+	if spec.Process == nil || spec.Process.OOMScoreAdj == nil {
+		return nil
+	}
+	v := *spec.Process.OOMScoreAdj
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(v)), 0); err != nil {
+		return fmt.Errorf("set oom_score_adj %d of pid %d: %w", v, pid, err)
+	}
+	return nil
 }

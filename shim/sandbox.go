@@ -114,6 +114,11 @@ func launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec, nsPa
 		_ = cmd.Wait()
 		return nil, err
 	}
+	if err := setOOMScoreAdj(cmd.Process.Pid, spec); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, err
+	}
 	shimEnd, guestEnd := net.Pipe()
 	s := &sandboxVM{cmd: cmd, limits: limits, rec: rec, console: shimEnd, guestEnd: guestEnd, done: make(chan struct{})}
 	go s.wait()
