@@ -81,6 +81,12 @@ func (c *cri) runPodLimited(ctx context.Context, t *testing.T, name string, memL
 // (nil for none) before the pod runs.
 func (c *cri) runPodWith(ctx context.Context, t *testing.T, name string, memLimit int64, edit func(*runtimeapi.PodSandboxConfig)) *pod {
 	t.Helper()
+	return c.runPodOn(ctx, t, runtimeHandler, name, memLimit, edit)
+}
+
+// runPodOn is runPodWith with the given runtime handler.
+func (c *cri) runPodOn(ctx context.Context, t *testing.T, handler, name string, memLimit int64, edit func(*runtimeapi.PodSandboxConfig)) *pod {
+	t.Helper()
 	uid := uniqueID(t)
 	pc := newPodCgroup(t, "pod"+uid, memLimit)
 	cfg := &runtimeapi.PodSandboxConfig{
@@ -93,7 +99,7 @@ func (c *cri) runPodWith(ctx context.Context, t *testing.T, name string, memLimi
 	if edit != nil {
 		edit(cfg)
 	}
-	resp, err := c.runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: runtimeHandler})
+	resp, err := c.runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
 	if err != nil {
 		pc.remove(t)
 		t.Fatalf("RunPodSandbox: %v\ncontainerd log:\n%s", err, c.d.logTail())

@@ -61,11 +61,24 @@ const criConfig = `[plugins."io.containerd.cri.v1.images".pinned_images]
     runtime_type = "io.containerd.vm.v2"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm-nojail.options]
       ConfigPath = %q
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm-tight]
+    runtime_type = "io.containerd.vm.v2"
+    container_annotations = ["vmshim.io/*"]
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm-tight.options]
+      ConfigPath = %q
 `
 
 // noJailHandler is a runtime handler whose shim config turns the jail off,
 // for the benchmark's comparison only.
 const noJailHandler = "vm-nojail"
+
+// tightHandler is a runtime handler whose shim config leaves QEMU no
+// memory beyond guest RAM (tightConfig), so that a guest filling its RAM
+// gets QEMU OOM-killed.
+const (
+	tightHandler = "vm-tight"
+	tightConfig  = "memory_overhead = \"0\"\n"
+)
 
 // noCRIConfig disables the CRI for daemons that only serve ctr.
 const noCRIConfig = `disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images"]
@@ -117,11 +130,14 @@ func startDaemon(containerdDir, shimDir string, opts daemonOptions) (_ *daemon, 
 		if err := os.WriteFile(filepath.Join(cniDir, "10-vmshim-test.conflist"), []byte(conf), 0o644); err != nil {
 			return nil, err
 		}
-		noJail := filepath.Join(dir, "nojail.toml")
+		noJail, tight := filepath.Join(dir, "nojail.toml"), filepath.Join(dir, "tight.toml")
 		if err := os.WriteFile(noJail, []byte("jail = false\n"), 0o644); err != nil {
 			return nil, err
 		}
-		body += fmt.Sprintf(criConfig, pauseImage, cniDir, noJail)
+		if err := os.WriteFile(tight, []byte(tightConfig), 0o644); err != nil {
+			return nil, err
+		}
+		body += fmt.Sprintf(criConfig, pauseImage, cniDir, noJail, tight)
 	}
 	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
 		return nil, err

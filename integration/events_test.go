@@ -132,10 +132,16 @@ func (e taskEvent) String() string {
 }
 
 // subscribeTasks subscribes to the test namespace's task and container
-// events before the test acts.
+// events on the suite's daemon before the test acts.
 func subscribeTasks(ctx context.Context, t *testing.T) *taskLog {
 	t.Helper()
-	ch, errs := env.client.EventService().Subscribe(ctx,
+	return subscribeTasksOn(ctx, t, env.client)
+}
+
+// subscribeTasksOn is subscribeTasks on the daemon of cl.
+func subscribeTasksOn(ctx context.Context, t *testing.T, cl *client.Client) *taskLog {
+	t.Helper()
+	ch, errs := cl.EventService().Subscribe(ctx,
 		`namespace=="`+testNamespace+`",topic~="^/tasks/"`,
 		`namespace=="`+testNamespace+`",topic=="/containers/delete"`)
 	l := &taskLog{changed: make(chan struct{})}

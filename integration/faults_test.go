@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,6 +22,9 @@ const (
 	kernelPanic    = "Kernel panic - not syncing" // the guest kernel's last words
 	logGuestPanic  = "guest panicked"             // the shim's error on QMP GUEST_PANICKED
 	logDiskIOError = "guest disk i/o error"       // the shim's error on QMP BLOCK_IO_ERROR
+	// markerCloudInitDone is the cloud guest's final cloud-init message,
+	// at the end of its boot.
+	markerCloudInitDone = "VMSHIM-CLOUD-INIT-DONE"
 )
 
 // TestFaultQEMUFrozen stops a booted VM's QEMU with SIGSTOP, then stops
@@ -248,15 +252,18 @@ func TestFaultWritableLayerFull(t *testing.T) {
 
 	// The overlay is made, then the layer fills up: the guest's first
 	// write that needs room fails on the host, QEMU pauses the VM (its
-	// default for ENOSPC on writes) and the shim logs why. SIGKILL still
-	// ends it with 137 and nothing is left.
+	// default for ENOSPC on writes) and the shim logs why; the task shows
+	// paused and the console says why. Once there is room again, a resume
+	// lets the guest finish booting. SIGKILL ends it with 137 and nothing
+	// is left.
 	t.Run("runtime", func(t *testing.T) {
 		id := uniqueID(t)
+		evlog := subscribeTasksOn(ctx, t, cl)
 		v, err := suite.createVM(ctx, t, id, imageDebianCloud, nil, nil)
 		if err != nil {
 			t.Fatalf("create task: %v\ncontainerd log:\n%s", err, d.logTail())
 		}
-		small.fill(t)
+		filler := small.fill(t)
 		v.start(ctx, t)
 		pid := int(v.task.Pid())
 		line := waitDaemonLog(ctx, t, d, logDiskIOError, fmt.Sprintf("pid=%d ", pid))
@@ -266,11 +273,20 @@ func TestFaultWritableLayerFull(t *testing.T) {
 			}
 		}
 		t.Logf("shim: %s", line)
-		st, err := v.task.Status(ctx)
-		if err != nil {
-			t.Fatalf("task status: %v", err)
+		v.console.waitFor(ctx, t, "write failed: No space left on device; it resumes when the task is resumed")
+		if st, err := v.task.Status(ctx); err != nil || st.Status != client.Paused {
+			t.Fatalf("task status with the VM paused by QEMU: %v, %v; want paused", st.Status, err)
 		}
-		t.Logf("task status with the VM paused by QEMU: %s", st.Status)
+		if err := os.Remove(filler); err != nil {
+			t.Fatal(err)
+		}
+		if err := v.task.Resume(ctx); err != nil {
+			t.Fatalf("resume once there is room: %v", err)
+		}
+		v.console.waitFor(ctx, t, markerCloudInitDone)
+		if st, err := v.task.Status(ctx); err != nil || st.Status != client.Running {
+			t.Errorf("task status after the resume: %v, %v; want running", st.Status, err)
+		}
 		if err := v.task.Kill(ctx, syscall.SIGKILL); err != nil {
 			t.Fatalf("kill SIGKILL: %v", err)
 		}
@@ -279,6 +295,12 @@ func TestFaultWritableLayerFull(t *testing.T) {
 		}
 		v.remove(t)
 		suite.assertNothingLeft(ctx, t, id)
+		got := evlog.until(ctx, t, id)
+		t.Logf("events: %v", got)
+		paused, resumed := slices.Index(got, "/tasks/paused"), slices.Index(got, "/tasks/resumed")
+		if paused < 0 || resumed < paused {
+			t.Errorf("want /tasks/paused, then /tasks/resumed: %v", got)
+		}
 	})
 }
 
@@ -295,8 +317,9 @@ func (s *smallLayer) root() string {
 }
 
 // fill takes all but a few pages of the tmpfs's free room (some is left
-// for the snapshotter's own metadata), until the test ends.
-func (s *smallLayer) fill(t *testing.T) {
+// for the snapshotter's own metadata), until the test ends or the file
+// it returns is removed.
+func (s *smallLayer) fill(t *testing.T) string {
 	t.Helper()
 	const slack = 64 << 10 // less than a qcow2 overlay's 384 KiB of metadata
 	var st syscall.Statfs_t
@@ -317,4 +340,5 @@ func (s *smallLayer) fill(t *testing.T) {
 		}
 	}
 	t.Logf("writable layer: %d KiB free of %d MiB", slack>>10, smallLayerMiB)
+	return path
 }
