@@ -22,7 +22,7 @@ export PATH := /usr/local/go/bin:$(PATH)
 .PHONY: help build install setup guest cloud-guest unit fuzz integration test test-reliability bench demo clean
 
 help: ## show this help
-	@awk -F':.*## ' '/^[a-z-]+:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk -F':.*## ' '/^[a-z0-9-]+:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ## build the static shim and vmshim-pack into _output/bin
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
@@ -85,11 +85,22 @@ integration: guest cloud-guest ## run the integration tests against a real conta
 test-reliability: setup guest cloud-guest ## churn, faults, bad input and security (VMSHIM_CHURN=200 for the full churn)
 	$(IT_ENV) VMSHIM_CHURN=$(VMSHIM_CHURN) $(GO) test -count=1 -timeout 90m -v -run '$(RELIABILITY)' ./integration/
 
+# The cgroup v2 + systemd node test: the node image (integration/guest/
+# node.sh, cached by a stamp), then the node run (integration/node), each
+# with its time.
+.PHONY: test-cgroupv2
+test-cgroupv2: guest ## boot a cgroup v2 + systemd node VM; check QEMU's cgroups, limits and OOM events under both drivers
+	integration/guest/node.sh $(GUEST_DIR)
+	@SECONDS=0; status=0; \
+	VMSHIM_NODE=1 VMSHIM_BIN=$(BIN) VMSHIM_CONTAINERD=$(CONTAINERD_DIR) VMSHIM_GUEST=$(GUEST_DIR) \
+		$(GO) test -count=1 -timeout 30m -v ./integration/node/ || status=$$?; \
+	echo "test-cgroupv2: test run took $$SECONDS s"; exit $$status
+
 bench: setup guest ## measure start latency, memory, density and teardown (table; JSON and SVG in _output/bench)
 	$(IT_ENV) VMSHIM_BENCH=1 VMSHIM_BENCH_OUT=$(OUT)/bench \
 		$(GO) test -count=1 -timeout 90m -v -run '^TestBench$$' ./integration/
 
-test: setup unit fuzz integration ## set up and run all tests
+test: setup unit fuzz integration test-cgroupv2 ## set up and run all tests
 
 demo: guest ## boot a VM image with ctr run through a private containerd, then clean up
 	VMSHIM_BIN=$(BIN) VMSHIM_CONTAINERD=$(CONTAINERD_DIR) VMSHIM_GUEST=$(GUEST_DIR) integration/demo.sh

@@ -36,6 +36,7 @@ BOOT_SIZE_MIB=48  # the bzImage (~8 MiB), the initramfs (~2 MiB) and room for a 
 DISK_SIZE_MIB=2048 # virtual size; partition 2 (ext4 root) takes the rest
 CMDLINE="console=ttyS0 root=LABEL=$ROOT_LABEL ro quiet systemd.show_status=error"
 WORK= # scratch directory inside OUTDIR, removed on exit
+ROOTFS_NAME=cloud-rootfs # name of the cached rootfs tarballs and their lock
 
 # PACKAGES are installed on top of minbase (with their dependencies, not
 # their recommendations). cloud-init on bookworm renders its network
@@ -142,13 +143,13 @@ bootstrap_rootfs() {
 # function's subshell exits).
 cached_rootfs() {
 	local cache=$1 key=$2 tarball f
-	tarball=$cache/cloud-rootfs-$SUITE-$key.tar.zst
-	exec 8>"$cache/.cloud-rootfs.lock"
+	tarball=$cache/$ROOTFS_NAME-$SUITE-$key.tar.zst
+	exec 8>"$cache/.$ROOTFS_NAME.lock"
 	flock 8
 	if [ ! -f "$tarball" ]; then
 		bootstrap_rootfs "$tarball"
 	fi
-	for f in "$cache"/cloud-rootfs-*.tar.zst "$cache"/cloud-rootfs-*.tar.zst.tmp.*; do
+	for f in "$cache/$ROOTFS_NAME"-*.tar.zst "$cache/$ROOTFS_NAME"-*.tar.zst.tmp.*; do
 		[ "$f" = "$tarball" ] || rm -f "$f"
 	done
 	echo "$tarball"
@@ -264,4 +265,7 @@ main() {
 	log "done"
 }
 
-main "$@"
+# Run, unless sourced (node.sh builds on these functions).
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+	main "$@"
+fi
