@@ -350,7 +350,11 @@ func TestHookTimeout(t *testing.T) {
 		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "timeout of 1s") {
 			t.Errorf("error %v, want one about the timeout of 1s", err)
 		}
-		t.Logf("returned after %v: %v", time.Since(start), err)
+		// The hook ran for its whole timeout, and no longer than its
+		// sleep: the timeout, not the hook, ended it.
+		if d := time.Since(start); d < time.Second || d >= 30*time.Second {
+			t.Errorf("returned after %v, want between the timeout (1s) and the hook's own end (30s)", d)
+		}
 	case <-time.After(hookDeadline):
 		t.Fatalf("run did not return within %v", hookDeadline)
 	}
@@ -375,7 +379,10 @@ func TestHookLeavesChildHoldingOutput(t *testing.T) {
 		if err != nil {
 			t.Errorf("hook failed: %v", err)
 		}
-		t.Logf("returned after %v", time.Since(start))
+		// It returned with the hook, not with the child (30s).
+		if d := time.Since(start); d >= 30*time.Second {
+			t.Errorf("returned after %v, once the child holding the output ended", d)
+		}
 	case <-time.After(hookDeadline):
 		t.Fatalf("run did not return within %v", hookDeadline)
 	}
