@@ -5,8 +5,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +17,70 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
+
+// TestFaultQEMUFrozenPausePending freezes QEMU (SIGSTOP) and asks for a
+// pause, which reaches QEMU and waits there for an answer that does not
+// come: State still answers, and SIGKILL ends the task long before the
+// pause would give up at its deadline.
+func TestFaultQEMUFrozenPausePending(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
+	defer cancel()
+	v := startVM(ctx, t, imageKernelWait)
+	v.console.waitFor(ctx, t, markerBooted)
+	freeze(ctx, t, v.id)
+	pid := int(v.task.Pid())
+	paused := make(chan error, 1)
+	go func() { paused <- v.task.Pause(ctx) }()
+	waitGone(ctx, t, "a QMP request unread by the frozen QEMU", func() bool { return qmpUnread(t, pid) > 0 })
+
+	start := time.Now()
+	st, err := v.task.Status(ctx)
+	if err != nil || st.Status != client.Running {
+		t.Errorf("status with a pause pending: %v, %v; want running", st.Status, err)
+	}
+	t.Logf("State answered in %v with a pause pending on the frozen QEMU", time.Since(start).Round(time.Millisecond))
+	start = time.Now()
+	if err := v.task.Kill(ctx, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill SIGKILL: %v", err)
+	}
+	if code := v.waitExit(ctx, t); code != 137 {
+		t.Errorf("exit status %d, want 137", code)
+	}
+	took := time.Since(start)
+	t.Logf("SIGKILL to exit: %v", took.Round(time.Millisecond))
+	if took >= qmpCallTimeout {
+		t.Errorf("the kill took %v: it waited for the pending pause to time out (%v)", took, qmpCallTimeout)
+	}
+	if err := <-paused; err == nil {
+		t.Error("the pause of a frozen QEMU succeeded")
+	}
+}
+
+// qmpCallTimeout is the deadline of the shim's calls to QMP.
+const qmpCallTimeout = 10 * time.Second
+
+// qmpUnread is how many bytes QEMU (pid) has not read from its QMP
+// connections: a request is on its way once this is above zero. A unix
+// socket shows only in the network namespace it was made in: the shim
+// makes QMP's, in the suite daemon's.
+func qmpUnread(t *testing.T, pid int) int {
+	t.Helper()
+	out, err := exec.Command("nsenter", "--net=/run/netns/"+env.daemon.netns, "ss", "-xpnH").Output()
+	if err != nil {
+		t.Fatalf("ss: %v", err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || !strings.HasSuffix(f[4], "/qmp.sock") || !strings.Contains(line, fmt.Sprintf("pid=%d,", pid)) {
+			continue
+		}
+		if q, err := strconv.Atoi(f[2]); err == nil {
+			n += q
+		}
+	}
+	return n
+}
 
 // Markers and log lines of the faults below.
 const (
