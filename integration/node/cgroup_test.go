@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vmshim/vmshim/integration/node/nodeapi"
 )
 
 // The limits the tasks are given, and what the shim makes of them
@@ -48,32 +50,6 @@ var drivers = []driver{
 		dir:  func(id string) string { return "/vmshim/" + id },
 		unit: func(string) string { return "" },
 	},
-}
-
-// created is what vmshim-nodectl reports of a task it made.
-type created struct {
-	ID      string `json:"id"`
-	QEMUPid int    `json:"qemu_pid"`
-	ShimPid int    `json:"shim_pid"`
-}
-
-// event is a task event vmshim-nodectl saw.
-type event struct {
-	Topic      string    `json:"topic"`
-	At         time.Time `json:"at"`
-	ExitStatus *uint32   `json:"exit_status"`
-}
-
-// oomReport is what vmshim-nodectl oom prints.
-type oomReport struct {
-	created
-	MemoryMax    string  `json:"memory_max"`
-	MemoryEvents string  `json:"memory_events"`
-	GuestRAM     string  `json:"guest_ram"`
-	Filled       int64   `json:"filled"`
-	FillError    string  `json:"fill_error"`
-	Events       []event `json:"events"`
-	Waited       string  `json:"waited"`
 }
 
 // nodectl runs vmshim-nodectl in the node and decodes its JSON into out.
@@ -120,7 +96,7 @@ func (n *node) checkLimits(ctx context.Context, t *testing.T, d driver) string {
 	id := "limits-" + d.name
 	dir := d.dir(id)
 	cgdir := "/sys/fs/cgroup" + dir
-	var c created
+	var c nodeapi.Created
 	n.nodectl(ctx, t, &c, "create", "-id", id, "-cgroup", d.path(id),
 		"-memory", fmt.Sprint(memLimit), "-cpu-quota", fmt.Sprint(cpuQuota), "-cpu-period", fmt.Sprint(cpuPeriod))
 	remove := n.remover(ctx, t, id)
@@ -223,7 +199,7 @@ func (n *node) limits(ctx context.Context, t *testing.T, d driver, cgdir string,
 
 // checkShimCgroup checks that nothing of QEMU is in the shim's cgroup:
 // none of its threads.
-func (n *node) checkShimCgroup(ctx context.Context, t *testing.T, d driver, c created, qemuThreads []string) {
+func (n *node) checkShimCgroup(ctx context.Context, t *testing.T, d driver, c nodeapi.Created, qemuThreads []string) {
 	t.Helper()
 	shimCgroup := n.read(ctx, t, fmt.Sprintf("/proc/%d/cgroup", c.ShimPid))
 	shimDir, ok := strings.CutPrefix(shimCgroup, "0::")
@@ -282,7 +258,7 @@ func (n *node) checkOOM(ctx context.Context, t *testing.T, d driver) string {
 	id := "oom-" + d.name
 	dir := d.dir(id)
 	cgdir := "/sys/fs/cgroup" + dir
-	var r oomReport
+	var r nodeapi.OOMReport
 	n.nodectl(ctx, t, &r, "oom", "-id", id, "-cgroup", d.path(id), "-cgroup-dir", cgdir,
 		"-memory", fmt.Sprint(memLimit), "-config", oomConfig)
 	remove := n.remover(ctx, t, id)

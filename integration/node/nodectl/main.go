@@ -29,6 +29,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
+
+	"github.com/vmshim/vmshim/integration/node/nodeapi"
 )
 
 const (
@@ -54,34 +56,6 @@ type options struct {
 	config    string
 	cgroupDir string
 	timeout   time.Duration
-}
-
-// created is what create and oom report of a task.
-type created struct {
-	ID      string `json:"id"`
-	QEMUPid int    `json:"qemu_pid"`
-	ShimPid int    `json:"shim_pid"`
-}
-
-// event is one task event of the container, in the order containerd sent it.
-type event struct {
-	Topic      string    `json:"topic"`
-	At         time.Time `json:"at"`
-	ExitStatus *uint32   `json:"exit_status,omitempty"`
-}
-
-// oomReport is what oom prints.
-type oomReport struct {
-	created
-	MemoryMax string `json:"memory_max"` // of the cgroup, once the task is created
-	// MemoryEvents is the cgroup's memory.events after the exit; systemd
-	// removes a scope once its last process is gone, and then it is "".
-	MemoryEvents string  `json:"memory_events"`
-	GuestRAM     string  `json:"guest_ram"` // the mapping filled, as in /proc/PID/maps
-	Filled       int64   `json:"filled"`    // bytes written before the writes stopped
-	FillError    string  `json:"fill_error,omitempty"`
-	Events       []event `json:"events"`
-	Waited       string  `json:"waited"` // "exit", or why waiting for the exit stopped
 }
 
 func main() {
@@ -141,7 +115,7 @@ func connect(o options) (*client.Client, error) {
 
 // create creates the container and its task, which it leaves created:
 // QEMU runs with its vCPUs stopped.
-func create(ctx context.Context, o options) (*created, error) {
+func create(ctx context.Context, o options) (*nodeapi.Created, error) {
 	c, err := connect(o)
 	if err != nil {
 		return nil, err
@@ -152,7 +126,7 @@ func create(ctx context.Context, o options) (*created, error) {
 
 // newTask creates container o.id from o.image with o's cgroup and limits,
 // and its task.
-func newTask(ctx context.Context, c *client.Client, o options) (_ *created, retErr error) {
+func newTask(ctx context.Context, c *client.Client, o options) (_ *nodeapi.Created, retErr error) {
 	img, err := c.GetImage(ctx, o.image)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", o.image, err)
@@ -192,7 +166,7 @@ func newTask(ctx context.Context, c *client.Client, o options) (_ *created, retE
 	if err != nil {
 		return nil, err
 	}
-	return &created{ID: o.id, QEMUPid: int(task.Pid()), ShimPid: shim}, nil
+	return &nodeapi.Created{ID: o.id, QEMUPid: int(task.Pid()), ShimPid: shim}, nil
 }
 
 // remove deletes the task, killing QEMU, and the container with its
@@ -234,7 +208,7 @@ func remove(ctx context.Context, o options) (any, error) {
 // the pages are charged to QEMU's cgroup, whose limit (guest RAM plus the
 // config's memory_overhead) a small overhead makes too small. It reports
 // the container's task events, from before the create until its exit.
-func oom(ctx context.Context, o options) (*oomReport, error) {
+func oom(ctx context.Context, o options) (*nodeapi.OOMReport, error) {
 	c, err := connect(o)
 	if err != nil {
 		return nil, err
@@ -243,12 +217,12 @@ func oom(ctx context.Context, o options) (*oomReport, error) {
 	subCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	evs, errs := c.EventService().Subscribe(subCtx, fmt.Sprintf(`namespace==%s,topic~="^/tasks/"`, o.namespace))
-	r := &oomReport{}
+	r := &nodeapi.OOMReport{}
 	cr, err := newTask(ctx, c, o)
 	if err != nil {
 		return nil, err
 	}
-	r.created = *cr
+	r.Created = *cr
 	r.MemoryMax = readCgroup(o.cgroupDir, "memory.max")
 	r.GuestRAM, r.Filled, err = fillGuestRAM(cr.QEMUPid, o.memory>>20<<20)
 	if err != nil {
@@ -299,12 +273,12 @@ func readCgroup(dir, name string) string {
 }
 
 // decode returns the task event of container id that ev carries.
-func decode(topic string, ev typeurl.Any, id string) (event, bool) {
+func decode(topic string, ev typeurl.Any, id string) (nodeapi.Event, bool) {
 	v, err := typeurl.UnmarshalAny(ev)
 	if err != nil {
-		return event{}, false
+		return nodeapi.Event{}, false
 	}
-	e := event{Topic: topic}
+	e := nodeapi.Event{Topic: topic}
 	switch m := v.(type) {
 	case *eventstypes.TaskCreate:
 		return e, m.ContainerID == id
@@ -317,7 +291,7 @@ func decode(topic string, ev typeurl.Any, id string) (event, bool) {
 	case *eventstypes.TaskDelete:
 		return e, m.ContainerID == id
 	}
-	return event{}, false
+	return nodeapi.Event{}, false
 }
 
 // fillGuestRAM writes to every page of the private read-write mapping of
