@@ -48,21 +48,27 @@ const (
 // port, to the same port on the guest. A sk_lookup program attached to the
 // netns hands every TCP lookup for 127.0.0.1 (and ::1) to one listening
 // socket of the forwarder; the port the client dialled is the accepted
-// connection's local port. The program is detached when the link's fd is
-// closed, by Close or by the process dying; nothing is pinned.
+// connection's local port. A second program, on the guest's tap, brings
+// back the guest's replies to the relay's source address even when the
+// guest routes them through its gateway (steerReplies). The programs are
+// detached when their links' fds are closed, by Close or by the process
+// dying; nothing is pinned.
 type forwarder struct {
 	p      *podNS
 	guest  net.IP
+	src    net.IP // the relay's source address; nil: the route's
 	logger *logrus.Entry
 	ctx    context.Context // ends dials; cancelled by Close
 	cancel context.CancelFunc
 
-	sockmap *ebpf.Map
-	prog    *ebpf.Program
-	link    link.Link
-	lns     []*net.TCPListener
-	stop    func() bool // unregisters the listeners' closing on ctx
-	wg      sync.WaitGroup
+	sockmap   *ebpf.Map
+	prog      *ebpf.Program
+	link      link.Link
+	replyProg *ebpf.Program // brings the guest's replies to src back (steerReplies); nil without it
+	replyLink link.Link
+	lns       []*net.TCPListener
+	stop      func() bool // unregisters the listeners' closing on ctx
+	wg        sync.WaitGroup
 
 	mu     sync.Mutex // guards conns and closed
 	conns  map[*net.TCPConn]struct{}
@@ -109,6 +115,10 @@ func startForwarder(ctx context.Context, p *podNS, guest net.IP, logger *logrus.
 	if err := f.listen("tcp6", net.IPv6loopback, keyLoopback6); err != nil {
 		// Only IPv4 is required: CRI dials tcp4 first.
 		f.logger.WithError(err).Debug("no port-forward on ::1")
+	}
+	if f.src, err = f.steerReplies(); err != nil {
+		// Guests that route the tap's address on-link still answer.
+		f.logger.WithError(err).Warn("port-forward reaches only guests that apply DHCP option 121 (classless routes)")
 	}
 	l, err := link.AttachNetNs(int(p.ns), f.prog)
 	if err != nil {
@@ -267,7 +277,8 @@ func (f *forwarder) pipe(dst, src *net.TCPConn, logger *logrus.Entry) {
 	}
 }
 
-// dial connects to port on the guest from inside the netns.
+// dial connects to port on the guest from inside the netns, from the
+// address whose replies steerReplies brings back.
 func (f *forwarder) dial(port int) (*net.TCPConn, error) {
 	ctx, cancel := context.WithTimeout(f.ctx, forwardDialTimeout)
 	defer cancel()
@@ -278,6 +289,9 @@ func (f *forwarder) dial(port int) (*net.TCPConn, error) {
 			d   net.Dialer
 			err error
 		)
+		if f.src != nil {
+			d.LocalAddr = &net.TCPAddr{IP: f.src}
+		}
 		c, err = d.DialContext(ctx, "tcp", addr)
 		return err
 	})
@@ -336,6 +350,11 @@ func (f *forwarder) Close() error {
 			errs = append(errs, fmt.Errorf("detach sk_lookup program from netns %s: %w", f.p.path, err))
 		}
 	}
+	if f.replyLink != nil {
+		if err := f.replyLink.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("detach tc program from the guest's tap: %w", err))
+		}
+	}
 	if f.stop == nil || f.stop() {
 		// The listeners were not closed by the context yet.
 		f.closeListeners()
@@ -349,6 +368,11 @@ func (f *forwarder) Close() error {
 	if f.prog != nil {
 		if err := f.prog.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close sk_lookup program: %w", err))
+		}
+	}
+	if f.replyProg != nil {
+		if err := f.replyProg.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close tc program: %w", err))
 		}
 	}
 	if f.sockmap != nil {

@@ -19,6 +19,8 @@
 #                                  "poweroff" line on the console)
 #   VMSHIM-GUEST-PANIC             crashing the kernel on purpose (mode panic):
 #                                  the pvpanic device then tells QEMU
+#   VMSHIM-ROUTES if=IF <routes>   the routes a lease left (mode router-only,
+#                                  printed by udhcpc.sh after VMSHIM-LEASE)
 # and, with a virtio NIC (udhcpc runs on every eth* interface; its event
 # script /etc/udhcpc/default.script prints VMSHIM-LEASE and VMSHIM-RENEW):
 #   VMSHIM-HTTP-READY              httpd serves VMSHIM-HTTP-OK <hostname> <ip> on :8080
@@ -31,7 +33,10 @@
 # power button, httpd, the agent's port or qemu-ga itself).
 #
 # The mode comes from /etc/vmshim-mode (baked into the initramfs), overridden
-# by vmshim.mode=wait|poweroff|panic on the kernel command line.
+# by vmshim.mode=wait|poweroff|panic|router-only on the kernel command line.
+# Mode router-only is mode wait with a DHCP client that, like busybox's usual
+# default.script and several appliance OSes, neither asks for nor applies
+# the classless static routes (option 121): only the router option (3).
 export PATH=/bin
 
 mount -t devtmpfs devtmpfs /dev
@@ -220,13 +225,17 @@ echo_console() {
 # with a kernel uevent's environment. For a new eth* interface it brings the
 # link up and starts udhcpc, once per interface: 20 discovers 1 s apart, then
 # more every 3 s in the background until a lease comes; it stays to renew.
+# udhcpc asks for option 121 unless VMSHIM_DHCP is router-only; udhcpc.sh
+# then ignores it too.
 dhcp_on_uevent='
 case $ACTION/$SUBSYSTEM/$INTERFACE in
 add/net/eth*)
 	mkdir "/run/vmshim/udhcpc.$INTERFACE" 2>/dev/null || exit 0
 	ip link set dev "$INTERFACE" up
+	routes="-O staticroutes"
+	[ "$VMSHIM_DHCP" != router-only ] || routes=
 	udhcpc -i "$INTERFACE" -s /etc/udhcpc/default.script -t 20 -T 1 -A 3 -b \
-		-O staticroutes -O mtu -O search >/dev/null 2>&1 </dev/null &
+		$routes -O mtu -O search >/dev/null 2>&1 </dev/null &
 	;;
 esac'
 
@@ -303,6 +312,9 @@ for arg in $(cat /proc/cmdline); do
 	vmshim.test.peer=*) peer=${arg#vmshim.test.peer=} ;;
 	esac
 done
+
+# udhcpc and its script inherit the choice of DHCP options.
+[ "$mode" != router-only ] || export VMSHIM_DHCP=router-only
 
 load_modules
 wait_disks

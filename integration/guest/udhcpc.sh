@@ -14,13 +14,19 @@
 # router= is the default gateway configured; routes= is the rest of the line,
 # option 121 as udhcpc gave it. On bound it also writes "IF IP GW HOSTNAME"
 # to the fifo /run/vmshim/leases for /init.
+#
+# With VMSHIM_DHCP=router-only in its environment (guest mode router-only)
+# it acts like busybox's usual default.script and many appliance OSes: it
+# ignores option 121 and only adds a default route through the first router
+# of option 3. Then, on bound, it also prints the routes it left:
+#   VMSHIM-ROUTES if=IF <route>; <route>; ...
 export PATH=/bin
 
 # gateway prints the default gateway this lease configures: the gateway of
 # option 121's default route when option 121 is present, else the first
 # router of option 3.
 gateway() {
-	if [ -n "$staticroutes" ]; then
+	if [ -n "$staticroutes" ] && [ "$VMSHIM_DHCP" != router-only ]; then
 		set -- $staticroutes
 		while [ $# -ge 2 ]; do
 			[ "$1" = 0.0.0.0/0 ] && { echo "$2"; return; }
@@ -47,7 +53,7 @@ set_address() {
 # routes and the first NIC's default route wins.
 set_routes() {
 	metric=$(cat "/sys/class/net/$interface/ifindex")
-	if [ -z "$staticroutes" ]; then
+	if [ -z "$staticroutes" ] || [ "$VMSHIM_DHCP" = router-only ]; then
 		set -- $router
 		[ -n "$1" ] && ip route replace default via "$1" dev "$interface" metric "$metric"
 		return 0
@@ -111,6 +117,9 @@ bound)
 	line="VMSHIM-LEASE if=$interface ip=$ip mask=${mask:--} router=${gw:--} mtu=${mtu:--}"
 	line="$line dns=$(csv $dns) search=$(csv $dnsearch) hostname=${hostname:--} routes=${staticroutes:--}"
 	echo "$line" >/dev/console
+	if [ "$VMSHIM_DHCP" = router-only ]; then
+		echo "VMSHIM-ROUTES if=$interface $(ip -4 route show dev "$interface" | sed 's/ *$//' | tr '\n' ';' | sed 's/;$//; s/;/; /g')" >/dev/console
+	fi
 	# Tell /init, if it still waits for a first lease. Opening the fifo
 	# read-write never blocks; once /init has closed it, this is dropped.
 	[ -p /run/vmshim/leases ] && echo "$interface $ip ${gw:--} ${hostname:--}" 1<>/run/vmshim/leases
