@@ -67,6 +67,8 @@ type VM struct {
 
 	io ioState // whether a disk error holds the VM paused
 
+	ports portTable // the serial ports AddSerialPort added
+
 	// Written once by the waiter before done is closed; read after done.
 	exitCode int
 	exitAt   time.Time
@@ -178,7 +180,8 @@ func (v *VM) queryAgentPort(ctx context.Context) error {
 }
 
 // follow applies QMP events until the channel is closed, then marks the
-// agent port closed: the agent port's state from VSERPORT_CHANGE, the
+// agent port closed and the added serial ports gone: the state of the
+// agent's and the added ports from VSERPORT_CHANGE and DEVICE_DELETED, the
 // guest faults QEMU reports, logged at error level, and whether a disk
 // error holds the VM paused.
 func (v *VM) follow(logger *log.Entry, events <-chan Event) {
@@ -186,6 +189,9 @@ func (v *VM) follow(logger *log.Entry, events <-chan Event) {
 		switch ev.Name {
 		case "VSERPORT_CHANGE":
 			v.agentPortEvent(ev)
+			v.ports.event(ev)
+		case "DEVICE_DELETED":
+			v.ports.event(ev)
 		case "GUEST_PANICKED":
 			logFault(logger, ev)
 		case "BLOCK_IO_ERROR":
@@ -196,6 +202,7 @@ func (v *VM) follow(logger *log.Entry, events <-chan Event) {
 		}
 	}
 	v.agentPort.Store(agentPortClosed)
+	v.ports.end()
 }
 
 // agentPortEvent records the agent port's state from a VSERPORT_CHANGE

@@ -9,12 +9,14 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
 )
 
 // ErrClosed reports that the QMP connection has ended.
@@ -72,6 +74,8 @@ type Client struct {
 
 	// wsem serializes writes to conn; it is a channel so waiting honours ctx.
 	wsem chan struct{}
+	// fdsem admits one fd-passing command at a time (see SendFD).
+	fdsem chan struct{}
 
 	mu      sync.Mutex
 	nextID  uint64                   // guarded by mu
@@ -132,6 +136,7 @@ func NewClient(ctx context.Context, conn net.Conn) (*Client, error) {
 		conn:     conn,
 		log:      log.G(ctx),
 		wsem:     make(chan struct{}, 1),
+		fdsem:    make(chan struct{}, 1),
 		pending:  map[string]chan response{},
 		subs:     map[uint64]chan Event{},
 		greeting: make(chan struct{}),
@@ -282,7 +287,7 @@ func (c *Client) Events() (<-chan Event, func()) {
 // ctx ends first, Execute returns ctx's error, wrapped in ErrNoReply if the
 // command had been sent, and a late reply is discarded.
 func (c *Client) Execute(ctx context.Context, cmd string, args, result any) error {
-	ret, err := c.execute(ctx, cmd, args)
+	ret, err := c.execute(ctx, cmd, args, nil)
 	if err != nil {
 		return fmt.Errorf("qmp %s: %w", cmd, err)
 	}
@@ -295,7 +300,9 @@ func (c *Client) Execute(ctx context.Context, cmd string, args, result any) erro
 	return nil
 }
 
-func (c *Client) execute(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+// execute sends cmd, with oob (SCM_RIGHTS) attached when not nil, and
+// waits for its reply.
+func (c *Client) execute(ctx context.Context, cmd string, args any, oob []byte) (json.RawMessage, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -320,7 +327,7 @@ func (c *Client) execute(ctx context.Context, cmd string, args any) (json.RawMes
 		forget()
 		return nil, fmt.Errorf("encode arguments: %w", err)
 	}
-	if err := c.write(ctx, append(b, '\n')); err != nil {
+	if err := c.write(ctx, append(b, '\n'), oob); err != nil {
 		forget()
 		return nil, err
 	}
@@ -347,10 +354,11 @@ func (r response) asError() error {
 	return nil
 }
 
-// write sends one message. It waits for its turn and for the peer to take
-// the bytes only as long as ctx allows; a message cut short leaves the
-// stream unusable, so the connection is closed then.
-func (c *Client) write(ctx context.Context, b []byte) error {
+// write sends one message, with oob attached to its first byte when not
+// nil. It waits for its turn and for the peer to take the bytes only as
+// long as ctx allows; a message cut short leaves the stream unusable, so
+// the connection is closed then.
+func (c *Client) write(ctx context.Context, b, oob []byte) error {
 	select {
 	case c.wsem <- struct{}{}:
 	case <-ctx.Done():
@@ -369,7 +377,7 @@ func (c *Client) write(ctx context.Context, b []byte) error {
 		_ = c.conn.SetWriteDeadline(time.Unix(1, 0))
 		close(fired)
 	})
-	n, err := c.conn.Write(b)
+	n, err := c.send(b, oob)
 	if !stop() {
 		<-fired
 	}
@@ -392,6 +400,46 @@ func (c *Client) write(ctx context.Context, b []byte) error {
 	default:
 		return fmt.Errorf("%w: write: %v", ErrClosed, err)
 	}
+}
+
+// send writes b to the connection, oob with its first byte.
+func (c *Client) send(b, oob []byte) (int, error) {
+	if oob == nil {
+		return c.conn.Write(b)
+	}
+	uc, ok := c.conn.(*net.UnixConn)
+	if !ok {
+		return 0, errors.New("passing fds needs a unix socket")
+	}
+	n, _, err := uc.WriteMsgUnix(b, oob, nil)
+	if err == nil && n < len(b) {
+		var m int
+		m, err = c.conn.Write(b[n:])
+		n += m
+	}
+	return n, err
+}
+
+// SendFD passes f to QEMU over the connection (QMP getfd, the fd in
+// SCM_RIGHTS) under name, for a later command to use by that name; f
+// stays the caller's to close. One call at a time passes an fd: QEMU
+// keeps only the fds of the latest message it read.
+func (c *Client) SendFD(ctx context.Context, name string, f *os.File) error {
+	if _, ok := c.conn.(*net.UnixConn); !ok {
+		return fmt.Errorf("qmp getfd %s: passing fds needs a unix socket, not %T: %w", name, c.conn, errdefs.ErrNotImplemented)
+	}
+	select {
+	case c.fdsem <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("qmp getfd %s: %w", name, ctx.Err())
+	}
+	defer func() { <-c.fdsem }()
+	_, err := c.execute(ctx, "getfd", map[string]string{"fdname": name}, unix.UnixRights(int(f.Fd())))
+	runtime.KeepAlive(f)
+	if err != nil {
+		return fmt.Errorf("qmp getfd %s: %w", name, err)
+	}
+	return nil
 }
 
 // SystemPowerdown presses the guest's ACPI power button.

@@ -39,16 +39,18 @@ const (
 	statusRetries = 5
 )
 
-// execProcess is a program run in the guest through its agent. The agent
-// runs it without a terminal and returns its output when it ends, so
-// output reaches the exec's stdout and stderr at exit. Its events are
-// queued by transition: TaskExecStarted when it starts, TaskExit when a
-// started exec stops.
+// execProcess is a program run in the guest through its agent. Without a
+// terminal, the agent returns its output when it ends, so output reaches
+// the exec's stdout and stderr at exit; with one (tty), the program runs
+// on a pty of its own and its terminal session relays it as it runs (see
+// ttySession). Its events are queued by transition: TaskExecStarted when
+// it starts, TaskExit when a started exec stops.
 type execProcess struct {
 	id, taskID string
 	args, env  []string
 	stdio      stdio
 	agent      GuestAgent
+	tty        *ttySession // nil without a terminal
 	pub        publish
 	ctx        context.Context
 	cancel     context.CancelFunc // stops collecting stdin and polling
@@ -74,10 +76,6 @@ func newExec(ctx context.Context, taskID, id string, spec []byte, io stdio, agen
 	if len(p.Args) == 0 || p.Args[0] == "" {
 		return nil, fmt.Errorf("exec %s: no command given: %w", id, errdefs.ErrInvalidArgument)
 	}
-	if p.Terminal || io.terminal {
-		return nil, fmt.Errorf("exec %s: a terminal (tty) is not supported: the guest agent runs commands without one; exec without -t: %w",
-			id, errdefs.ErrNotImplemented)
-	}
 	if agent == nil {
 		return nil, fmt.Errorf("exec %s: container %s runs no guest to exec in: %w", id, taskID, errdefs.ErrFailedPrecondition)
 	}
@@ -87,12 +85,36 @@ func newExec(ctx context.Context, taskID, id string, spec []byte, io stdio, agen
 	}
 	e.ctx, e.cancel = context.WithCancel(ctx)
 	e.outCtx, e.dropOutput = context.WithCancel(context.WithoutCancel(ctx))
+	if p.Terminal || io.terminal {
+		if err := e.withTerminal(); err != nil {
+			e.cancel()
+			e.dropOutput()
+			return nil, err
+		}
+	}
 	return e, nil
 }
 
-// start runs the program. With stdin, the program starts once stdin ends
-// (the agent takes all input up front), so start returns before that
-// with pid 0. The agent is called without e.mu held and with a deadline.
+// withTerminal gives the exec a terminal session, if its guest can.
+func (e *execProcess) withTerminal() error {
+	guest, ok := e.agent.(TerminalGuest)
+	if !ok {
+		return fmt.Errorf("exec %s: a terminal (tty) is not supported by this guest; exec without -t: %w", e.id, errdefs.ErrNotImplemented)
+	}
+	logger := log.G(e.ctx).WithFields(log.Fields{"id": e.taskID, "exec_id": e.id})
+	tty, err := newTTYSession(e.ctx, e.outCtx, logger, e.args, e.env, e.stdio, guest)
+	if err != nil {
+		return fmt.Errorf("exec %s: %w", e.id, err)
+	}
+	e.tty = tty
+	return nil
+}
+
+// start runs the program. Without a terminal but with stdin, the program
+// starts once stdin ends (the agent takes all input up front), so start
+// returns before that with pid 0; with a terminal, start returns once the
+// guest has the terminal's port open. The agent is called without e.mu
+// held and with a deadline.
 func (e *execProcess) start(ctx context.Context) (int, error) {
 	e.mu.Lock()
 	if e.st != stateCreated || e.starting || e.ending {
@@ -128,6 +150,9 @@ func (e *execProcess) start(ctx context.Context) (int, error) {
 // begin asks the agent to run the program, or, when the program waits for
 // stdin, whether it answers.
 func (e *execProcess) begin(ctx context.Context) (int, error) {
+	if e.tty != nil {
+		return e.tty.open(ctx)
+	}
 	ctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
 	defer cancel()
 	if e.stdio.stdin != "" {
@@ -261,9 +286,9 @@ func (e *execProcess) poll(pid int) {
 	}
 }
 
-// finish writes the program's output and records its exit, once. The
-// output is written only for an exec that started, within outputTimeout
-// or until dropOutput.
+// finish writes the program's output, or ends its terminal session, and
+// records its exit, once. The output is written only for an exec that
+// started, within outputTimeout or until dropOutput.
 func (e *execProcess) finish(st qemu.GuestExecStatus) {
 	started, ok := e.claim()
 	if !ok {
@@ -273,7 +298,10 @@ func (e *execProcess) finish(st qemu.GuestExecStatus) {
 	if st.Truncated {
 		log.G(e.ctx).WithFields(log.Fields{"id": e.taskID, "exec_id": e.id}).Warn("exec output truncated by the guest agent")
 	}
-	if started {
+	switch {
+	case e.tty != nil:
+		e.tty.close()
+	case started:
 		writeOutputs(e.outCtx, e.stdio, st.Stdout, st.Stderr)
 	}
 	e.dropOutput()
@@ -384,8 +412,12 @@ func (e *execProcess) killNow(ctx context.Context, pid int) {
 	}()
 }
 
-// signalGuest sends sig to the program's guest pid with the guest's kill.
+// signalGuest sends sig to the program's guest pid with the guest's kill;
+// for a terminal, pid is script's, and its child, the program, gets sig.
 func (e *execProcess) signalGuest(ctx context.Context, sig syscall.Signal, pid int) error {
+	if e.tty != nil {
+		return e.tty.signal(ctx, pid, sig)
+	}
 	ctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
 	defer cancel()
 	_, err := e.agent.Exec(ctx, qemu.GuestCommand{Path: "kill", Args: []string{"-" + strconv.Itoa(int(sig)), strconv.Itoa(pid)}})
@@ -398,6 +430,9 @@ func (e *execProcess) signalGuest(ctx context.Context, sig syscall.Signal, pid i
 // vmGone ends the exec when its VM stops: the guest and its programs are
 // gone.
 func (e *execProcess) vmGone() {
+	if e.tty != nil {
+		e.tty.markVMGone()
+	}
 	e.finish(qemu.GuestExecStatus{Exited: true, ExitCode: 128 + int(unix.SIGKILL)})
 }
 
@@ -450,6 +485,31 @@ func (e *execProcess) delete() error {
 		close(e.exited)
 	}
 	return e.transition(stateDeleted)
+}
+
+// resize sets the window size of the exec's terminal, its width and
+// height clamped to maxTermSize; an exec without a terminal has no window
+// and ignores it.
+func (e *execProcess) resize(width, height uint32) error {
+	if e.tty == nil {
+		return nil
+	}
+	e.mu.Lock()
+	st := e.st
+	e.mu.Unlock()
+	if st == stateStopped || st == stateDeleted {
+		return fmt.Errorf("exec %s: process already finished: %w", e.id, errdefs.ErrNotFound)
+	}
+	e.tty.resize(clampSize(width, height))
+	return nil
+}
+
+// closeStdin ends the input of the exec's terminal, which hangs up; an
+// exec without a terminal reads stdin until containerd closes its fifo.
+func (e *execProcess) closeStdin() {
+	if e.tty != nil {
+		e.tty.closeStdin()
+	}
 }
 
 // snapshot returns the exec's state, guest pid and exit.

@@ -23,36 +23,56 @@ import (
 	"github.com/vmshim/vmshim/qemu"
 )
 
-// fakeAgent runs "programs" whose outcome the test scripts by path. It
-// can fail every call (err), and hold calls for the test (holdCalls):
-// a held call hangs until the test answers it or its context ends, so
-// the test can also answer calls in another order than they came.
+// fakeAgent runs "programs" whose outcome the test scripts by program
+// (see programOf). It can fail every call (err) or the calls of one name
+// (fail), and hold calls for the test (holdCalls): a held call hangs
+// until the test answers it or its context ends, so the test can also
+// answer calls in another order than they came. It also plays the VM's
+// terminal ports (see fakePort).
 type fakeAgent struct {
 	mu       sync.Mutex // guards everything below
 	results  map[string]qemu.GuestExecStatus
-	pending  map[int]string // pid → path of programs still running
+	pending  map[int]string // pid → program still running
 	next     int
 	commands []qemu.GuestCommand
-	hang     map[string]bool // programs that never end
-	err      error           // returned by every call when set
-	held     chan *agentCall // receives the calls hold selects; nil: none
+	hang     map[string]bool  // programs that never end
+	err      error            // returned by every call when set
+	fail     map[string]error // returned by the calls of a name
+	held     chan *agentCall  // receives the calls hold selects; nil: none
 	hold     func(*agentCall) bool
 	calls    int // calls made
 	// noDeadline lists the calls made with a context without deadline.
 	noDeadline []string
+	// ports are the terminal ports added so far; openPorts makes the
+	// guest open a port as soon as its terminal program starts.
+	ports     []*fakePort
+	openPorts bool
 }
 
 // newFakeAgent returns an agent with nothing scripted.
 func newFakeAgent() *fakeAgent {
-	return &fakeAgent{results: map[string]qemu.GuestExecStatus{}, pending: map[int]string{}, hang: map[string]bool{}, next: 100}
+	return &fakeAgent{
+		results: map[string]qemu.GuestExecStatus{}, pending: map[int]string{}, hang: map[string]bool{},
+		fail: map[string]error{}, next: 100,
+	}
+}
+
+// programOf names a command for scripting: a helper script run with
+// `sh -c SCRIPT NAME ...` by its NAME ($0), anything else by its path.
+func programOf(c qemu.GuestCommand) string {
+	if c.Path == guestShell && len(c.Args) > 2 && c.Args[0] == "-c" {
+		return c.Args[2]
+	}
+	return c.Path
 }
 
 // agentCall is one call to the fake agent, as the test sees it when the
 // agent holds it.
 type agentCall struct {
-	name   string            // "exec", "status" or "ping"
+	name   string            // "exec", "status", "ping", "addport" or "removeport"
 	cmd    qemu.GuestCommand // exec's command
 	pid    int               // status's pid
+	port   string            // addport's and removeport's port
 	answer chan error
 }
 
@@ -81,6 +101,9 @@ func (a *fakeAgent) stopHolding() {
 func (a *fakeAgent) call(ctx context.Context, c *agentCall) error {
 	a.mu.Lock()
 	err, held, hold := a.err, a.held, a.hold
+	if err == nil {
+		err = a.fail[c.name]
+	}
 	a.calls++
 	if _, ok := ctx.Deadline(); !ok {
 		a.noDeadline = append(a.noDeadline, c.name)
@@ -112,11 +135,16 @@ func (a *fakeAgent) Exec(ctx context.Context, c qemu.GuestCommand) (int, error) 
 		return 0, err
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	a.commands = append(a.commands, c)
 	a.next++
-	a.pending[a.next] = c.Path
-	return a.next, nil
+	pid := a.next
+	a.pending[pid] = programOf(c)
+	open := a.openPorts && programOf(c) == ttyRunName
+	a.mu.Unlock()
+	if open {
+		a.port(c.Args[3]).open()
+	}
+	return pid, nil
 }
 
 // ExecStatus reports a program's scripted outcome, or that it runs.
@@ -126,16 +154,36 @@ func (a *fakeAgent) ExecStatus(ctx context.Context, pid int) (qemu.GuestExecStat
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	path, ok := a.pending[pid]
+	prog, ok := a.pending[pid]
 	if !ok {
 		return qemu.GuestExecStatus{}, fmt.Errorf("pid %d: %w", pid, errdefs.ErrNotFound)
 	}
-	if a.hang[path] {
+	if a.hang[prog] {
 		return qemu.GuestExecStatus{}, nil
 	}
-	st := a.results[path]
+	st := a.results[prog]
 	st.Exited = true
+	delete(a.pending, pid)
 	return st, nil
+}
+
+// end makes the running and later copies of prog end with st.
+func (a *fakeAgent) end(prog string, st qemu.GuestExecStatus) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.results[prog] = st
+	a.hang[prog] = false
+}
+
+// ran returns the commands run so far of program prog.
+func (a *fakeAgent) ran(prog string) []qemu.GuestCommand {
+	var out []qemu.GuestCommand
+	for _, c := range a.commandList() {
+		if programOf(c) == prog {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // Ping answers unless the agent fails or holds the call.
@@ -167,6 +215,9 @@ func execVM(t *testing.T, agent GuestAgent) (*service, *fakePublisher, *fakeVM) 
 	vm := l.vm(t, "vm1")
 	vm.mu.Lock()
 	vm.agent = agent
+	if a, ok := agent.(*fakeAgent); ok {
+		vm.onExit = a.vanishPorts
+	}
 	vm.mu.Unlock()
 	return s, p, vm
 }
@@ -246,6 +297,9 @@ func TestExecRunsInGuest(t *testing.T) {
 	wantStatus(t, s, "vm1", apitask.Status_RUNNING)
 }
 
+// plainAgent is a guest agent whose VM cannot add terminal ports.
+type plainAgent struct{ GuestAgent }
+
 func TestExecRefused(t *testing.T) {
 	noAgent := qemu.ErrNoAgent
 	tests := []struct {
@@ -257,8 +311,10 @@ func TestExecRefused(t *testing.T) {
 		is      func(error) bool
 		text    string
 	}{
-		{name: "tty", agent: newFakeAgent(), proc: specs.Process{Args: []string{"sh"}, Terminal: true},
+		{name: "tty without terminal ports", agent: plainAgent{newFakeAgent()}, proc: specs.Process{Args: []string{"sh"}, Terminal: true},
 			class: "NotImplemented", is: errdefs.IsNotImplemented, text: "tty"},
+		{name: "tty with a NUL byte", agent: newFakeAgent(), proc: specs.Process{Args: []string{"sh", "-c", "a\x00b"}, Terminal: true},
+			class: "InvalidArgument", is: errdefs.IsInvalidArgument, text: "NUL"},
 		{name: "no command", agent: newFakeAgent(), proc: specs.Process{},
 			class: "InvalidArgument", is: errdefs.IsInvalidArgument, text: "no command"},
 		{name: "no agent channel", agent: nil, proc: specs.Process{Args: []string{"true"}},

@@ -71,6 +71,9 @@ type fakeVM struct {
 	oom       *fakeOOM
 	ioPause   *qemu.IOPause
 	ioChanged chan struct{}
+	// onExit, when set, runs as the VM exits, before Done is closed:
+	// what goes with QEMU (its ports).
+	onExit func()
 }
 
 // fakeOOM is an OOM kill counter the test raises.
@@ -283,8 +286,12 @@ func (v *fakeVM) exit(code int) {
 	v.exitOnce.Do(func() {
 		v.mu.Lock()
 		v.code, v.at = code, time.Now()
+		onExit := v.onExit
 		v.mu.Unlock()
 		_ = v.guest.Close()
+		if onExit != nil {
+			onExit()
+		}
 		close(v.done)
 	})
 }

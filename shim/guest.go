@@ -73,3 +73,29 @@ func instanceID(ns, id string, spec *specs.Spec) string {
 	}
 	return "vmshim-" + ns + "-" + id
 }
+
+// guestChannel is the way into a QEMU guest: its agent, and the VM's
+// virtio-serial controller, where terminal sessions get ports.
+type guestChannel struct {
+	*qemu.Agent
+	vm *qemu.VM
+}
+
+// newGuestChannel returns the guest channel of a QEMU VM, or nil when the
+// VM has no agent.
+func newGuestChannel(vm *qemu.VM) GuestAgent {
+	a := vm.Agent()
+	if a == nil {
+		return nil
+	}
+	return guestChannel{Agent: a, vm: vm}
+}
+
+// AddPort hot-plugs a virtio-serial port for a terminal session.
+func (g guestChannel) AddPort(ctx context.Context) (GuestPort, error) {
+	p, err := g.vm.AddSerialPort(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}

@@ -334,13 +334,9 @@ func (v *qemuVM) Update(ctx context.Context, r *specs.LinuxResources) error {
 	return v.limits.Update(ctx, r)
 }
 
-// GuestAgent returns the channel to the guest's agent.
-func (v *qemuVM) GuestAgent() GuestAgent {
-	if a := v.proc.Agent(); a != nil {
-		return a
-	}
-	return nil
-}
+// GuestAgent returns the channel to the guest's agent, which can also
+// give terminal sessions ports.
+func (v *qemuVM) GuestAgent() GuestAgent { return newGuestChannel(v.proc) }
 
 // StartHooks returns the VM's OCI hooks around Start.
 func (v *qemuVM) StartHooks() StartHooks { return v }

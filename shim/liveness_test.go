@@ -20,7 +20,8 @@ var errAgentGone = errors.New("guest agent closed")
 type agentPending func(t *testing.T, s *service, agent *fakeAgent) (*agentCall, <-chan error)
 
 // TestKillStateDeleteDoNotWaitForAgent: with an exec's start, kill or
-// status poll waiting on a guest agent that never answers, and a pause
+// status poll, or a terminal session's port, start, resize or removal,
+// waiting on a guest agent or QEMU that never answers, and a pause
 // waiting on a frozen QEMU, State answers at once, SIGKILL stops the
 // task, and Wait and Delete return, all within the liveness bounds.
 func TestKillStateDeleteDoNotWaitForAgent(t *testing.T) {
@@ -29,6 +30,10 @@ func TestKillStateDeleteDoNotWaitForAgent(t *testing.T) {
 		"exec stdin start": pendingStdinStart,
 		"exec kill":        pendingExecKill,
 		"exec poll":        pendingExecPoll,
+		"tty add port":     pendingTTYAddPort,
+		"tty open":         pendingTTYOpen,
+		"tty resize":       pendingTTYResize,
+		"tty remove port":  pendingTTYRemove,
 	} {
 		t.Run(name, func(t *testing.T) {
 			agent := newFakeAgent()

@@ -189,7 +189,7 @@ func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.
 		st, pid, code, at := e.snapshot()
 		return &taskAPI.StateResponse{
 			ID: e.id, ExecID: e.id, Bundle: t.bundle, Pid: uint32(pid), Status: st.status(),
-			Stdin: e.stdio.stdin, Stdout: e.stdio.stdout, Stderr: e.stdio.stderr,
+			Stdin: e.stdio.stdin, Stdout: e.stdio.stdout, Stderr: e.stdio.stderr, Terminal: e.tty != nil,
 			ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at),
 		}, nil
 	}
@@ -272,24 +272,37 @@ func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*emptyp
 	return &emptypb.Empty{}, nil
 }
 
-// CloseIO stops forwarding stdin to the guest console. An exec's stdin
-// ends when containerd closes its fifo, so there is nothing to do for one.
+// CloseIO stops forwarding stdin to the guest console, or to an exec's
+// terminal, which then hangs up. An exec without a terminal reads stdin
+// until containerd closes its fifo, so there is nothing to do for one.
 func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*emptypb.Empty, error) {
 	t, e, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
 	}
-	if e == nil && r.Stdin {
+	switch {
+	case !r.Stdin:
+	case e != nil:
+		e.closeStdin()
+	default:
 		t.cons.closeStdin()
 	}
 	return &emptypb.Empty{}, nil
 }
 
-// ResizePty is accepted and ignored: the guest's serial console has no
-// window size to set.
+// ResizePty sets the window size of an exec's terminal; it returns at
+// once, and the size reaches the guest in the background. For the task
+// it is accepted and ignored: the guest's serial console has no window
+// size to set.
 func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*emptypb.Empty, error) {
-	if _, _, err := s.get(r.ID, r.ExecID); err != nil {
+	_, e, err := s.get(r.ID, r.ExecID)
+	if err != nil {
 		return nil, err
+	}
+	if e != nil {
+		if err := e.resize(r.Width, r.Height); err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
 	}
 	return &emptypb.Empty{}, nil
 }

@@ -8,13 +8,15 @@
 # initrd-{wait,poweroff,agent}.img (busybox initramfs running init.sh, with
 # udhcpc.sh as the DHCP client's script, the pvpanic module, the virtio NIC
 # modules and the virtio-blk, virtio-scsi and NVMe disk modules; the agent
-# flavour boots like wait and also carries qemu-ga), disk-{wait,poweroff}.qcow2
+# flavour boots like wait and also carries qemu-ga and util-linux's script, which
+# terminal execs run under), disk-{wait,poweroff}.qcow2
 # (BIOS-bootable disks: MBR, FAT16, syslinux) and five OCI archives made with
 # vmshim-pack: disk-{wait,poweroff}.tar and kernel-{wait,poweroff,agent}.tar.
 #
 # The kernel is the linux-image-*-amd64 package that linux-image-amd64 depends
 # on; qemu-ga comes from the qemu-guest-agent package and the shared objects
-# it needs from the packages it depends on (recursively). All are fetched
+# it needs from the packages it depends on (recursively); script comes from
+# bsdutils and needs only libc, one of those. All are fetched
 # with apt-get download into a cache and unpacked, never installed. No loop
 # devices, no mounts, no network beyond apt. A second run with the same
 # scripts (this one, lib.sh, init.sh, udhcpc.sh), vmshim-pack sources and
@@ -34,6 +36,8 @@ PART_SIZE_MIB=32 # room for the bzImage (~8 MiB) and an initramfs
 WORK=            # scratch directory inside OUTDIR, removed on exit
 AGENT_PKG=qemu-guest-agent
 AGENT_BIN=usr/sbin/qemu-ga # inside the package, and inside the agent initramfs
+SCRIPT_PKG=bsdutils        # util-linux's script, which terminal execs run under
+SCRIPT_BIN=usr/bin/script  # inside the package, and inside the agent initramfs
 # Where the agent's shared objects are looked up in the unpacked packages
 # (and put in the initramfs): the dynamic loader's default search path.
 AGENT_LIBDIRS="lib/x86_64-linux-gnu usr/lib/x86_64-linux-gnu lib64"
@@ -43,7 +47,8 @@ AGENT_LIBDIRS="lib/x86_64-linux-gnu usr/lib/x86_64-linux-gnu lib64"
 
 # agent_packages prints "NAME VERSION", one a line, for qemu-guest-agent and
 # every package it depends on, recursively (Depends only: Pre-Depends,
-# Recommends and the like bring nothing qemu-ga loads). Virtual packages
+# Recommends and the like bring nothing qemu-ga loads), and for bsdutils
+# (script; its only library, libc, is among qemu-ga's). Virtual packages
 # ("<name>") are skipped; the packages providing them are listed in their
 # own right. Versions are apt's candidates.
 agent_packages() {
@@ -53,6 +58,7 @@ agent_packages() {
 		sed -n 's/^\([^ <][^ ]*\)$/\1/p' | sed 's/:.*//' | LC_ALL=C sort -u) || names=
 	grep -qx "$AGENT_PKG" <<<"$names" ||
 		die "apt knows no $AGENT_PKG package (apt-cache depends $AGENT_PKG failed)"
+	names=$(printf '%s\n%s\n' "$names" "$SCRIPT_PKG" | LC_ALL=C sort -u)
 	# shellcheck disable=SC2086 # one argument per package name
 	apt-cache show --no-all-versions $names |
 		awk '/^Package:/ { name = $2 } /^Version:/ { print name, $2 }' | LC_ALL=C sort -u
@@ -154,27 +160,27 @@ elf_interp() {
 	readelf -l "$1" | sed -n 's/.*\[Requesting program interpreter: \(.*\)\]$/\1/p'
 }
 
-# install_agent STAGE ROOT copies qemu-ga from STAGE (the unpacked packages)
-# into the initramfs tree ROOT at the same path, with its ELF interpreter at
-# the same absolute path and exactly the shared objects it needs: its NEEDED
-# entries, recursively, each found in one of AGENT_LIBDIRS of STAGE and put
-# under the same directory in ROOT (no ld.so.cache: the loader searches
-# those directories by default).
-install_agent() {
-	local stage=$1 root=$2 interp lib dir file found
+# install_elf STAGE ROOT BIN copies the program BIN (a path without its
+# leading /) from STAGE (the unpacked packages) into the initramfs tree ROOT
+# at the same path, with its ELF interpreter at the same absolute path and
+# exactly the shared objects it needs: its NEEDED entries, recursively, each
+# found in one of AGENT_LIBDIRS of STAGE and put under the same directory in
+# ROOT (no ld.so.cache: the loader searches those directories by default).
+install_elf() {
+	local stage=$1 root=$2 bin=$3 interp lib dir file found
 	local -a queue
 	local -A seen=()
-	[ -f "$stage/$AGENT_BIN" ] || die "$AGENT_PKG has no /$AGENT_BIN"
-	install -D -m 0755 "$stage/$AGENT_BIN" "$root/$AGENT_BIN"
-	interp=$(elf_interp "$stage/$AGENT_BIN")
-	[ -n "$interp" ] || die "/$AGENT_BIN has no ELF interpreter"
+	[ -f "$stage/$bin" ] || die "none of the unpacked packages has /$bin"
+	install -D -m 0755 "$stage/$bin" "$root/$bin"
+	interp=$(elf_interp "$stage/$bin")
+	[ -n "$interp" ] || die "/$bin has no ELF interpreter"
 	file=$stage$(resolve_in "$stage" "$interp")
-	[ -f "$file" ] || die "ELF interpreter $interp of /$AGENT_BIN is in none of the unpacked packages"
+	[ -f "$file" ] || die "ELF interpreter $interp of /$bin is in none of the unpacked packages"
 	install -D -m 0755 "$file" "$root$interp"
 	# The interpreter is the loader itself: libc's NEEDED entry for it is
 	# satisfied without a second copy.
 	seen[${interp##*/}]=1
-	queue=("$stage/$AGENT_BIN")
+	queue=("$stage/$bin")
 	while [ ${#queue[@]} -gt 0 ]; do
 		file=${queue[0]}
 		queue=("${queue[@]:1}")
@@ -198,7 +204,8 @@ install_agent() {
 
 # build_initrd KTREE FLAVOUR OUT [AGENTSTAGE] builds the gzip'd newc
 # initramfs for FLAVOUR: wait, poweroff, or agent (mode wait, plus qemu-ga
-# from the unpacked packages in AGENTSTAGE and the virtio-serial driver).
+# and script from the unpacked packages in AGENTSTAGE and the virtio-serial
+# driver).
 build_initrd() {
 	local tree=$1 flavour=$2 out=$3 stage=${4:-} root m mode=$2
 	if [ "$flavour" = agent ]; then
@@ -235,7 +242,8 @@ build_initrd() {
 	if [ "$flavour" = agent ]; then
 		# virtio_console drives the virtio-serial port qemu-ga talks on.
 		add_module "$tree" virtio_console "$root/lib/modules" "$root/lib/modules/order"
-		install_agent "$stage" "$root"
+		install_elf "$stage" "$root" "$AGENT_BIN"
+		install_elf "$stage" "$root" "$SCRIPT_BIN"
 		# init.sh puts qemu-ga's state directory under /run (/var/run,
 		# qemu-ga's default, leads there too); guest-exec'd commands may
 		# want /tmp.
@@ -298,7 +306,7 @@ main() {
 	cp "$WORK/kpkg/boot/vmlinuz-$kver" "$WORK/vmlinuz"
 	extract_vmlinux "$WORK/vmlinuz" "$WORK/vmlinux"
 
-	# qemu-guest-agent and its dependencies, unpacked together.
+	# qemu-guest-agent and its dependencies, and bsdutils, unpacked together.
 	mkdir "$WORK/agent"
 	while read -r name ver; do
 		deb=$(fetch_deb "$name" "$ver" "${VMSHIM_DEB_CACHE:-$(dirname "$out")/debs}")

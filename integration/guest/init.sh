@@ -42,6 +42,9 @@ export PATH=/bin
 mount -t devtmpfs devtmpfs /dev
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
+# Ptys, for util-linux's script (terminal execs) where the guest has it.
+mkdir -p /dev/pts
+mount -t devpts -o ptmxmode=0666 devpts /dev/pts
 # Keep later kernel messages (module loading, ...) off the console so they
 # cannot split a marker line. Boot messages before this point are kept.
 echo 1 >/proc/sys/kernel/printk
