@@ -17,6 +17,11 @@ CONTAINERD_DIR := $(VMSHIM_CACHE)/tools/containerd-$(CONTAINERD_VERSION)
 NERDCTL_VERSION ?= v2.0.0
 NERDCTL        := $(VMSHIM_CACHE)/tools/nerdctl-$(NERDCTL_VERSION)/nerdctl
 GUEST_DIR      := $(VMSHIM_CACHE)/guest
+# The single-node cluster of the Kubernetes tests (integration/setup/kube.sh).
+ETCD_VERSION ?= v3.6.16
+KUBE_VERSION ?= v1.37.2
+ETCD_DIR     := $(VMSHIM_CACHE)/tools/etcd-$(ETCD_VERSION)
+KUBE_DIR     := $(VMSHIM_CACHE)/tools/kubernetes-$(KUBE_VERSION)
 export PATH := /usr/local/go/bin:$(PATH)
 
 .PHONY: help build install setup guest cloud-guest unit fuzz integration test test-reliability bench demo clean
@@ -31,8 +36,9 @@ install: build ## install the shim and vmshim-pack into $(PREFIX)/bin
 	install -D -m 0755 $(BIN)/containerd-shim-vm-v2 $(DESTDIR)$(PREFIX)/bin/containerd-shim-vm-v2
 	install -D -m 0755 $(BIN)/vmshim-pack $(DESTDIR)$(PREFIX)/bin/vmshim-pack
 
-setup: ## install Debian packages, build containerd, its runc shim and nerdctl (idempotent, cached)
+setup: ## install Debian packages, build containerd, its runc shim, nerdctl, etcd and Kubernetes (idempotent, cached)
 	CONTAINERD_VERSION=$(CONTAINERD_VERSION) NERDCTL_VERSION=$(NERDCTL_VERSION) integration/setup/deps.sh >/dev/null
+	ETCD_VERSION=$(ETCD_VERSION) KUBE_VERSION=$(KUBE_VERSION) integration/setup/kube.sh >/dev/null
 
 guest: setup build ## build the test guests from Debian packages (cached)
 	VMSHIM_PACK=$(BIN)/vmshim-pack integration/guest/build.sh $(GUEST_DIR)
@@ -70,9 +76,11 @@ fuzz: ## run every Go fuzz target for FUZZTIME (default 10s) each
 		done; \
 	done
 
-# What the integration tests need to find.
+# What the integration tests need to find. `setup` has built the
+# cluster's binaries, so the Kubernetes tests fail rather than skip
+# without them.
 IT_ENV := VMSHIM_INTEGRATION=1 VMSHIM_BIN=$(BIN) VMSHIM_CONTAINERD=$(CONTAINERD_DIR) VMSHIM_GUEST=$(GUEST_DIR) \
-	VMSHIM_NERDCTL=$(NERDCTL)
+	VMSHIM_NERDCTL=$(NERDCTL) VMSHIM_KUBE=$(KUBE_DIR) VMSHIM_ETCD=$(ETCD_DIR) VMSHIM_KUBE_REQUIRED=1
 # The reliability suite: churn, faults, bad input, security. `make test`
 # runs it too, with 20 churn cycles; VMSHIM_CHURN=200 is the full size.
 VMSHIM_CHURN ?= 20
