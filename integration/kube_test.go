@@ -30,6 +30,7 @@ func TestKube(t *testing.T) {
 	t.Run("RuntimeClass", k.testRuntimeClass)
 	t.Run("Readiness", k.testReadiness)
 	t.Run("AgentPod", k.testAgentPod)
+	t.Run("RouterOnlyPortForward", k.testRouterOnlyPortForward)
 	t.Run("Restart", k.testRestart)
 	t.Run("OOMKilled", k.testOOMKilled)
 	t.Run("BadInput", k.testBadInput)
