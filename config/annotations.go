@@ -40,7 +40,8 @@ const MaxNetworkConfig = 64 << 10
 func knownAnnotation(k string) bool {
 	switch k {
 	case AnnotationVCPUs, AnnotationMemory, AnnotationDiskDriver, AnnotationRootDiskSize,
-		AnnotationUserData, AnnotationSSHAuthorizedKeys, AnnotationKernelCmdline, AnnotationNetworkConfig:
+		AnnotationUserData, AnnotationSSHAuthorizedKeys, AnnotationKernelCmdline, AnnotationNetworkConfig,
+		AnnotationRootDiskVolume, AnnotationRootDiskPolicy, AnnotationDiskURL, AnnotationDiskSHA256:
 		return true
 	}
 	return false
@@ -61,6 +62,11 @@ type annotations struct {
 	sshKeys       []string
 	kernelCmdline string
 	networkConfig string
+
+	rootDiskVolume string // clean absolute path
+	rootDiskPolicy string
+	diskURL        string
+	diskSHA256     string // lowercase hex
 }
 
 func annotationErr(key, format string, args ...any) error {
@@ -156,6 +162,9 @@ func parseAnnotations(cfg Config, in map[string]string) (annotations, error) {
 			return a, annotationErr(AnnotationKernelCmdline, "%s", msg)
 		}
 		a.kernelCmdline = strings.TrimSpace(v)
+	}
+	if err := parseDiskAnnotations(in, &a); err != nil {
+		return a, err
 	}
 	return a, nil
 }

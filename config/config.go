@@ -81,6 +81,15 @@ type Config struct {
 	// PrivilegedDevices lets a privileged container's host block devices
 	// and VFIO groups reach its VM; off, a privileged container gets none.
 	PrivilegedDevices bool `toml:"privileged_devices"`
+	// CacheDir holds the disks fetched by URL (vmshim.io/disk-url), one
+	// file per sha256, shared by every VM of the node.
+	CacheDir string `toml:"cache_dir"`
+	// CacheMaxSize caps what CacheDir holds (a quantity; "0" = no cap):
+	// above it the least recently used disks that no VM uses are removed.
+	CacheMaxSize string `toml:"cache_max_size"`
+	// CAFile, when set, is a PEM file of certificates trusted for https
+	// disk URLs besides the system's.
+	CAFile string `toml:"ca_file"`
 	// QEMUUser was the one user every QEMU ran as; each VM now has its
 	// own (Jail). Kept only to name it when a config still sets it.
 	QEMUUser string `toml:"qemu_user"`
@@ -115,6 +124,8 @@ func Default() Config {
 		CNIBinDirs:     []string{"/opt/cni/bin", "/usr/lib/cni"},
 		Jail:           true,
 		JailIDs:        DefaultJailIDs,
+		CacheDir:       "/var/lib/vmshim/disks",
+		CacheMaxSize:   "50Gi",
 	}
 }
 
@@ -256,6 +267,17 @@ func (c Config) validate() error {
 			add("cni_bin_dirs", "%s", msg)
 		}
 	}
+	if msg := checkDir(c.CacheDir); msg != "" {
+		add("cache_dir", "%s", msg)
+	}
+	if _, err := parseBytes(c.CacheMaxSize); err != nil {
+		add("cache_max_size", "%v", err)
+	}
+	if c.CAFile != "" {
+		if msg := checkDir(c.CAFile); msg != "" {
+			add("ca_file", "%s", msg)
+		}
+	}
 	if c.QEMUUser != "" {
 		add("qemu_user", "no longer supported: each VM's QEMU runs as an id of its own from jail_ids")
 	}
@@ -374,4 +396,10 @@ func (c Config) JailIDRange() jail.IDRange {
 // MaxDiskBytes is max_disk_size in bytes; call it on a validated Config.
 func (c Config) MaxDiskBytes() int64 {
 	return mustBytes(c.MaxDiskSize)
+}
+
+// CacheMaxBytes is cache_max_size in bytes (0 = no cap); call it on a
+// validated Config.
+func (c Config) CacheMaxBytes() int64 {
+	return mustBytes(c.CacheMaxSize)
 }

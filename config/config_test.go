@@ -32,6 +32,7 @@ func TestDefaultIsValid(t *testing.T) {
 		Sandbox: true, BootTimeout: "60s",
 		CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin", "/usr/lib/cni"},
 		Jail: true, JailIDs: "1879048192-1879113727",
+		CacheDir: "/var/lib/vmshim/disks", CacheMaxSize: "50Gi",
 	}
 	if !reflect.DeepEqual(d, want) {
 		t.Fatalf("Default() = %+v, want %+v", d, want)
@@ -68,6 +69,9 @@ boot_timeout = "2m"
 cni_network = "vm-net_1.0"
 cni_conf_dir = "/srv/cni/conf"
 cni_bin_dirs = ["/srv/cni/bin"]
+cache_dir = "/srv/disks"
+cache_max_size = "5Gi"
+ca_file = "/etc/vmshim/ca.pem"
 `,
 			want: func(c *Config) {
 				*c = Config{
@@ -77,6 +81,7 @@ cni_bin_dirs = ["/srv/cni/bin"]
 					Sandbox: false, BootTimeout: "2m",
 					CNINetwork: "vm-net_1.0", CNIConfDir: "/srv/cni/conf", CNIBinDirs: []string{"/srv/cni/bin"},
 					Jail: true, JailIDs: DefaultJailIDs,
+					CacheDir: "/srv/disks", CacheMaxSize: "5Gi", CAFile: "/etc/vmshim/ca.pem",
 				}
 			},
 		},
@@ -131,6 +136,10 @@ cni_bin_dirs = ["/srv/cni/bin"]
 		{name: "jail ids with nobody", body: `jail_ids = "60000-70000"`, wantErr: `jail_ids: "60000-70000" holds 65534`},
 		{name: "jail ids not a range", body: `jail_ids = "1000"`, wantErr: `jail_ids: "1000" is not a range`},
 		{name: "privileged devices", body: `privileged_devices = true`, want: func(c *Config) { c.PrivilegedDevices = true }},
+		{name: "no cache cap", body: `cache_max_size = "0"`, want: func(c *Config) { c.CacheMaxSize = "0" }},
+		{name: "relative cache dir", body: `cache_dir = "disks"`, wantErr: `cache_dir: "disks" must be an absolute path`},
+		{name: "bad cache size", body: `cache_max_size = "lots"`, wantErr: `cache_max_size:`},
+		{name: "relative ca file", body: `ca_file = "ca.pem"`, wantErr: `ca_file: "ca.pem" must be an absolute path`},
 		{name: "qemu user wrong type", body: `qemu_user = 0`, wantErr: "qemu_user"},
 		{name: "several problems", body: "accel = \"x\"\ndisk_driver = \"y\"", wantErr: `accel: "x" is not one of auto, kvm, tcg; disk_driver: "y"`},
 	}

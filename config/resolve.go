@@ -21,6 +21,13 @@ type VM struct {
 	KernelCmdline     string   // cfg.KernelCmdline + " " + annotation (trimmed)
 	Env               []string // spec.Process.Env
 	BootTimeout       time.Duration
+
+	// RootVolume keeps the root disk across boots; nil boots from an
+	// overlay made anew each time.
+	RootVolume     *RootVolume
+	RootDiskPolicy string // RootDiskKeep or RootDiskRecreate, with a RootVolume
+	DiskURL        string // the VM's disk comes from this URL, not the image
+	DiskSHA256     string // the sha256 of the file at DiskURL, lowercase hex
 }
 
 // Resolve combines cfg, the vmshim.io/* annotations and the resource limits of
@@ -67,6 +74,16 @@ func Resolve(cfg Config, id string, spec *specs.Spec) (*VM, error) {
 		return nil, err
 	}
 	vm.MemoryMiB = int(memBytes >> 20)
+	vm.DiskURL, vm.DiskSHA256 = ann.diskURL, ann.diskSHA256
+	if ann.rootDiskVolume != "" {
+		if vm.RootVolume, err = resolveRootVolume(spec, ann.rootDiskVolume); err != nil {
+			return nil, err
+		}
+		vm.RootDiskPolicy = RootDiskKeep
+		if ann.rootDiskPolicy != "" {
+			vm.RootDiskPolicy = ann.rootDiskPolicy
+		}
+	}
 	return vm, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -23,12 +24,19 @@ const (
 // Boot says how the VM in a rootfs boots. Paths are absolute host paths
 // inside rootfs, kept to name the files; the files themselves are open,
 // and only the open files are used: a path is never resolved again.
+// For a pointer image only URL, SHA256 and Root are set.
 type Boot struct {
-	Disk   string // disk image, or "" for kernel boot
+	Disk   string // disk image, or "" for kernel boot and for a pointer image
 	Format string // "qcow2" | "raw" (pinned, from the file's header — never probed by QEMU)
-	Kernel string // kernel for direct boot (when Disk == "")
+	Kernel string // kernel for direct boot (when Disk == "" and URL == "")
 	Initrd string // optional
 	Root   string // the rootfs the paths were found in; used to name files in errors
+
+	// URL and SHA256 are set for a pointer image (see PointerURLFile): the
+	// disk is to be downloaded from URL, an http or https URL, and must
+	// have the sha256 digest SHA256, 64 lowercase hex digits. Both are
+	// checked for syntax only (ParsePointer); nothing is downloaded.
+	URL, SHA256 string
 
 	// DiskFile, KernelFile and InitrdFile are the files above, open
 	// read-only; nil where the path is "".
@@ -49,10 +57,13 @@ func (b *Boot) Close() error {
 // noDisk is the message of the error Find returns when the rootfs holds no VM.
 const noDisk = "no VM disk in image: expected a disk file under /disk/ or at /, or a kernel under /boot/"
 
-// Find looks for the VM in rootfs: one disk file under /disk/, else one at /
-// (*.qcow2, *.img, *.raw), else a kernel (and optional initrd) under /boot/.
-// Symlinks are resolved inside rootfs, the final file must be a regular
-// file, and it is opened (see Boot); the caller closes the Boot.
+// Find looks for the VM in rootfs: one disk file under /disk/, or the two
+// files of a pointer image there (PointerURLFile and PointerSHA256File, and
+// nothing else but hidden files), else one disk at / (*.qcow2, *.img,
+// *.raw), else a kernel (and optional initrd) under /boot/. Symlinks are
+// resolved inside rootfs, the final file must be a regular file, and it is
+// opened (see Boot); the caller closes the Boot. A pointer image's files
+// are read, checked with ParsePointer and closed: its Boot has no file.
 func Find(rootfs string) (*Boot, error) {
 	if !filepath.IsAbs(rootfs) {
 		return nil, invalidf("rootfs %q: not an absolute path", rootfs)
@@ -74,6 +85,9 @@ func Find(rootfs string) (*Boot, error) {
 		found, err := candidates(root, l.dir, l.match)
 		if err != nil {
 			return nil, err
+		}
+		if l.dir == "/disk" && slices.ContainsFunc(found, isPointerFile) {
+			return findPointer(root, found)
 		}
 		switch len(found) {
 		case 0:

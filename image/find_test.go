@@ -70,6 +70,15 @@ func TestFind(t *testing.T) {
 		}, Boot{Kernel: "/boot/vmlinux-6.1.0-13-amd64", Initrd: "/boot/initrd.img-6.1.0-13-amd64"}},
 		{"vmlinuz and initramfs", map[string]string{"/boot/vmlinuz": "k", "/boot/initramfs.cpio.gz": "i"}, Boot{Kernel: "/boot/vmlinuz", Initrd: "/boot/initramfs.cpio.gz"}},
 		{"bzImage without initrd", map[string]string{"/boot/bzImage": "k"}, Boot{Kernel: "/boot/bzImage"}},
+		{"pointer", map[string]string{"/disk/disk.url": "https://example.org/d.qcow2\n", "/disk/disk.sha256": testSum + "  d.qcow2\n"},
+			Boot{URL: "https://example.org/d.qcow2", SHA256: testSum}},
+		{"pointer with hidden files", map[string]string{"/disk/disk.url": "http://e.org/d", "/disk/disk.sha256": strings.ToUpper(testSum), "/disk/.keep": "", "/disk/.wh..opq": ""},
+			Boot{URL: "http://e.org/d", SHA256: testSum}},
+		{"pointer files symlinked inside rootfs", map[string]string{"/disk/disk.url": "->../meta/url", "/disk/disk.sha256": "->/meta/sum", "/meta/url": "https://e.org/d", "/meta/sum": testSum},
+			Boot{URL: "https://e.org/d", SHA256: testSum}},
+		{"pointer beats root and /boot", map[string]string{"/disk/disk.url": "https://e.org/d", "/disk/disk.sha256": testSum, "/vm.img": raw, "/boot/vmlinuz": "k"},
+			Boot{URL: "https://e.org/d", SHA256: testSum}},
+		{"pointer files at root are no pointer", map[string]string{"/disk.url": "https://e.org/d", "/disk.sha256": testSum, "/vm.img": raw}, Boot{Disk: "/vm.img", Format: "raw"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -143,8 +152,10 @@ func accessMode(t *testing.T, f *os.File) int {
 
 func TestFindErrors(t *testing.T) {
 	outside := t.TempDir()
-	if err := os.WriteFile(filepath.Join(outside, "outside.img"), []byte("host secret"), 0o644); err != nil {
-		t.Fatal(err)
+	for name, data := range map[string]string{"outside.img": "host secret", "url": "https://e.org/host", "sum": testSum} {
+		if err := os.WriteFile(filepath.Join(outside, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	tests := []struct {
 		name    string
@@ -173,6 +184,37 @@ func TestFindErrors(t *testing.T) {
 		{"/disk dotdot-symlinked to a host dir holding a disk", map[string]string{"/disk": "->../../../../../../../.." + outside}, "no VM disk in image", errdefs.IsNotFound},
 		{"symlink to a directory", map[string]string{"/disk/x": "->/", "/etc/": ""}, "disk /disk/x: not a regular file (directory)", errdefs.IsInvalidArgument},
 		{"symlink loop", map[string]string{"/disk/x": "->/y", "/y": "->/disk/x"}, "disk /disk/x: too many levels of symbolic links", errdefs.IsInvalidArgument},
+
+		{"pointer URL symlinked to a host file", map[string]string{"/disk/disk.url": "->" + outside + "/url", "/disk/disk.sha256": testSum},
+			"pointer file /disk/disk.url: points to " + outside + "/url, which is not in the image", errdefs.IsNotFound},
+		{"pointer digest dotdot-symlinked out", map[string]string{"/disk/disk.url": "https://e.org/d", "/disk/disk.sha256": "->../../../../../../.." + outside + "/sum"},
+			"pointer file /disk/disk.sha256: points to " + outside + "/sum, which is not in the image", errdefs.IsNotFound},
+		{"pointer URL is a directory", map[string]string{"/disk/disk.url/": "", "/disk/disk.sha256": testSum},
+			"pointer file /disk/disk.url: not a regular file (directory)", errdefs.IsInvalidArgument},
+		{"pointer digest symlinked to a directory", map[string]string{"/disk/disk.url": "https://e.org/d", "/disk/disk.sha256": "->/etc", "/etc/": ""},
+			"pointer file /disk/disk.sha256: not a regular file (directory)", errdefs.IsInvalidArgument},
+		{"pointer URL oversized", map[string]string{"/disk/disk.url": "https://e.org/" + strings.Repeat("a", MaxPointerFileSize), "/disk/disk.sha256": testSum},
+			"pointer file /disk/disk.url: larger than 4096 bytes", errdefs.IsInvalidArgument},
+		{"pointer digest oversized", map[string]string{"/disk/disk.url": "https://e.org/d", "/disk/disk.sha256": testSum + strings.Repeat("\n", MaxPointerFileSize)},
+			"pointer file /disk/disk.sha256: larger than 4096 bytes", errdefs.IsInvalidArgument},
+		{"pointer URL of two lines", map[string]string{"/disk/disk.url": "https://e.org/a\nhttps://e.org/b\n", "/disk/disk.sha256": testSum},
+			"pointer file /disk/disk.url: more than one line; want one URL", errdefs.IsInvalidArgument},
+		{"pointer URL empty", map[string]string{"/disk/disk.url": "", "/disk/disk.sha256": testSum},
+			"pointer file /disk/disk.url: empty; want an http or https URL", errdefs.IsInvalidArgument},
+		{"pointer URL not UTF-8", map[string]string{"/disk/disk.url": "https://e.org/\xff", "/disk/disk.sha256": testSum},
+			"pointer file /disk/disk.url: not valid UTF-8", errdefs.IsInvalidArgument},
+		{"pointer ftp URL", map[string]string{"/disk/disk.url": "ftp://e.org/d.qcow2", "/disk/disk.sha256": testSum},
+			`pointer file /disk/disk.url: URL scheme "ftp" is not http or https`, errdefs.IsInvalidArgument},
+		{"pointer bad digest", map[string]string{"/disk/disk.url": "https://e.org/d", "/disk/disk.sha256": "d41d8cd98f00b204e9800998ecf8427e  d.qcow2"},
+			`pointer file /disk/disk.sha256: "d41d8cd98f00b204e9800998ecf8427e" is not a sha256 digest (64 hex digits)`, errdefs.IsInvalidArgument},
+		{"pointer and a disk", map[string]string{"/disk/disk.url": "https://e.org/d", "/disk/disk.sha256": testSum, "/disk/disk.qcow2": qcow2Header},
+			`pointer image: /disk holds "/disk/disk.qcow2" besides /disk/disk.url and /disk/disk.sha256; a pointer image holds no disk`, errdefs.IsInvalidArgument},
+		{"pointer and other files", map[string]string{"/disk/disk.url": "https://e.org/d", "/disk/disk.sha256": testSum, "/disk/README": "x", "/disk/sub/": "", "/disk/x\x1b[2J": ""},
+			`pointer image: /disk holds "/disk/README", "/disk/sub", "/disk/x\x1b[2J" besides`, errdefs.IsInvalidArgument},
+		{"pointer URL without digest", map[string]string{"/disk/disk.url": "https://e.org/d"},
+			"pointer image: /disk/disk.url without /disk/disk.sha256", errdefs.IsInvalidArgument},
+		{"pointer digest without URL", map[string]string{"/disk/disk.sha256": testSum, "/vm.img": "x"},
+			"pointer image: /disk/disk.sha256 without /disk/disk.url", errdefs.IsInvalidArgument},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -257,19 +299,30 @@ func TestFindSpecialFiles(t *testing.T) {
 			}
 		}},
 	}
+	places := []struct {
+		path, what string
+		also       map[string]string // other files of the rootfs
+	}{
+		{"/disk/vm.img", "disk", nil},
+		{"/vm.img", "disk", nil},
+		{"/boot/vmlinuz", "kernel", nil},
+		{PointerURLFile, "pointer file", map[string]string{PointerSHA256File: testSum}},
+		{PointerSHA256File, "pointer file", map[string]string{PointerURLFile: "https://e.org/d"}},
+	}
 	for _, tc := range tests {
-		for _, place := range []string{"/disk/vm.img", "/vm.img", "/boot/vmlinuz"} {
+		for _, pl := range places {
+			place, what := pl.path, pl.what
 			t.Run(tc.name+" at "+place, func(t *testing.T) {
 				if tc.root && os.Geteuid() != 0 {
 					t.Skip("creating a device node needs root")
 				}
-				root := layout(t, map[string]string{filepath.Dir(place) + "/": ""})
+				files := map[string]string{filepath.Dir(place) + "/": ""}
+				for k, v := range pl.also {
+					files[k] = v
+				}
+				root := layout(t, files)
 				p := filepath.Join(root, place)
 				tc.make(t, p)
-				what := "disk"
-				if strings.HasPrefix(place, "/boot/") {
-					what = "kernel"
-				}
 				b, err := findWithin(t, root, p)
 				if err == nil {
 					b.Close()

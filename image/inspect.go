@@ -145,7 +145,8 @@ func check(ctx context.Context, q QEMUImg, disk []imgFile, groups []uint32, b *B
 }
 
 // readGroups returns the supplementary group a jailed qemu-img needs to
-// read f: none when others may read it, f's group when only its group
+// read f: none when others may read it or it is the jail's own (a disk
+// the shim made for the VM), f's group when only its group
 // may (KubeVirt's containerDisks are 0440, owned by 107:107); an error when
 // only its owner, or only root's group, may read it.
 func readGroups(q QEMUImg, f *os.File, name string) ([]uint32, error) {
@@ -157,7 +158,7 @@ func readGroups(q QEMUImg, f *os.File, name string) ([]uint32, error) {
 		return nil, fmt.Errorf("disk %s: %w", name, err)
 	}
 	switch {
-	case st.Mode&0o004 != 0:
+	case st.Mode&0o004 != 0, st.Mode&0o400 != 0 && st.Uid == q.Jail.UID:
 		return nil, nil
 	case st.Mode&0o040 != 0 && st.Gid != 0:
 		return []uint32{st.Gid}, nil

@@ -39,6 +39,9 @@ const (
 // Jail, inside it: as the VM's unprivileged ids, with no capabilities, in
 // a mount namespace that holds only /usr and the files of the call.
 type QEMUImg struct {
+	// CPUTime replaces QEMUImgCPUTime for a run that copies a whole disk
+	// Inspect accepted; 0 keeps it.
+	CPUTime time.Duration
 	Path    string     // qemu-img, an absolute path (under /usr with a Jail)
 	Prlimit string     // prlimit, an absolute path (under /usr with a Jail)
 	Jail    *jail.Jail // nil runs qemu-img as the shim's user, in its mount namespace
@@ -65,7 +68,11 @@ type imgFile struct {
 // say) or ctx ended.
 func (q QEMUImg) run(ctx context.Context, files []imgFile, groups []uint32, args ...string) (result, error) {
 	var stdout, stderr capped
-	argv := []string{"--cpu=" + strconv.Itoa(int(QEMUImgCPUTime/time.Second)), "--as=" + strconv.Itoa(QEMUImgAddressSpace), "--core=0", "--", q.Path}
+	cpu := QEMUImgCPUTime
+	if q.CPUTime > 0 {
+		cpu = q.CPUTime
+	}
+	argv := []string{"--cpu=" + strconv.Itoa(int(cpu/time.Second)), "--as=" + strconv.Itoa(QEMUImgAddressSpace), "--core=0", "--", q.Path}
 	var binds []jail.Bind
 	var extra []*os.File
 	paths := map[string]string{}
@@ -116,7 +123,7 @@ func (q QEMUImg) run(ctx context.Context, files []imgFile, groups []uint32, args
 		res.code = exitErr.ExitCode()
 	case errors.As(err, &exitErr):
 		return res, preconditionf("qemu-img %s was killed (%s); it may use %v of CPU and %s of address space: %s",
-			args[0], exitErr.ProcessState, QEMUImgCPUTime, formatSize(QEMUImgAddressSpace), message(res.stderr, ""))
+			args[0], exitErr.ProcessState, cpu, formatSize(QEMUImgAddressSpace), message(res.stderr, ""))
 	default:
 		return res, preconditionf("run %s %s: %v", q.Path, args[0], err)
 	}

@@ -23,10 +23,15 @@ var hostEnv = map[string]bool{"PATH": true, "HOME": true, "HOSTNAME": true, "TER
 
 // shares exposes the container's volumes to the guest over virtio-9p and
 // returns them for the guest to mount.
-func shares(ctx context.Context, spec *specs.Spec, qs *qemu.Spec) []cloudinit.Mount {
+func shares(ctx context.Context, spec *specs.Spec, qs *qemu.Spec, rootVolume *config.RootVolume) []cloudinit.Mount {
 	list, skipped := config.ResolveShares(spec)
 	var mounts []cloudinit.Mount
 	for i, s := range list {
+		if rootVolume != nil && s.GuestPath == rootVolume.Path {
+			// It holds the root disk, which the guest has as a disk.
+			skipped = append(skipped, fmt.Sprintf("%q: it holds the root disk", s.GuestPath))
+			continue
+		}
 		qs.Shares = append(qs.Shares, qemu.Share{ID: fmt.Sprintf("%d", i), Tag: s.Tag, Path: s.HostPath, ReadOnly: s.ReadOnly})
 		mounts = append(mounts, cloudinit.Mount{Tag: s.Tag, Path: s.GuestPath, ReadOnly: s.ReadOnly})
 	}

@@ -213,36 +213,6 @@ func (c *launch) rootfs(context.Context) error {
 	return err
 }
 
-// disks checks the image's disk and makes the root overlay over it, or
-// takes the kernel and initrd for a direct boot.
-func (c *launch) disks(ctx context.Context) error {
-	if c.boot.Disk == "" {
-		c.qs.Append = c.desc.KernelCmdline // the jail step passes the kernel
-		return nil
-	}
-	info, err := image.Inspect(ctx, c.img, c.boot, image.Limits{MaxVirtualSize: c.cfg.MaxDiskBytes()})
-	if err != nil {
-		return err
-	}
-	if c.desc.RootDiskSize > 0 && c.desc.RootDiskSize < info.VirtualSize {
-		return fmt.Errorf("annotation %s: %d bytes is smaller than the image's disk %s (%d bytes); disks can only grow: %w",
-			config.AnnotationRootDiskSize, c.desc.RootDiskSize, c.boot.InImage(c.boot.Disk), info.VirtualSize, errdefs.ErrInvalidArgument)
-	}
-	overlay, err := c.create(image.OverlayName)
-	if err != nil {
-		return err
-	}
-	if err := image.CreateOverlay(ctx, c.img, overlay, c.boot.Format, info.VirtualSize, c.desc.RootDiskSize); err != nil {
-		return err
-	}
-	c.qs.Drives = append(c.qs.Drives, qemu.Drive{
-		ID: "root", Path: c.fdSet(overlay), Format: qemu.FormatQCOW2,
-		BackingPath: c.fdSet(c.boot.DiskFile), BackingFormat: c.boot.Format,
-		Driver: c.desc.DiskDriver, BootIndex: 1,
-	})
-	return nil
-}
-
 // create makes a file in the VM's files directory of the rootfs, making
 // the directory first. The directory is pushed only once made, as an
 // image that has one already is refused: so only what the shim made is
@@ -314,7 +284,7 @@ func openBlockDevice(b hostdev.BlockDevice) (*os.File, error) {
 
 // shares exposes the container's volumes to the guest over virtio-9p.
 func (c *launch) shares(ctx context.Context) error {
-	c.mounts = shares(ctx, c.spec, &c.qs)
+	c.mounts = shares(ctx, c.spec, &c.qs, c.desc.RootVolume)
 	return nil
 }
 

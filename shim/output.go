@@ -37,6 +37,18 @@ type output struct {
 	logger  *exec.Cmd   // the logging binary, if any
 }
 
+// line writes a line of the shim's own into the output while the task is
+// made, before the guest's console takes it over; a reader that does not
+// keep up loses the line rather than holding the create up.
+func (o *output) line(s string) {
+	if o == nil || o.w == nil {
+		return
+	}
+	_ = o.w.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = o.w.WriteString(s + "\n")
+	_ = o.w.SetWriteDeadline(time.Time{})
+}
+
 // openOutput opens the task's stdout (and stderr, which the guest's single
 // console leaves empty but which readers wait on too).
 func openOutput(ctx context.Context, id, ns string, io stdio) (*output, error) {

@@ -100,6 +100,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	if err != nil {
 		return nil, errgrpc.ToGRPC(createError(fmt.Errorf("task %s output: %w", r.ID, err)))
 	}
+	req.Log = out.line
 	vm, err := s.launcher.Launch(ctx, req)
 	if err != nil {
 		if cerr := out.Close(); cerr != nil {

@@ -89,6 +89,9 @@ type CreateRequest struct {
 	Bundle  string
 	Rootfs  []mount.Mount
 	Options typeurl.Any // runtime options from containerd, may be nil
+	// Log writes a line into the container's log (its stdout) while it is
+	// made: how a download or a disk copy goes. Never nil.
+	Log func(line string)
 }
 
 // Launcher creates VMs.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"archive/tar"
+	"bytes"
 	"compress/gzip"
 	"context"
 	_ "crypto/sha256" // registers sha256 for go-digest
@@ -18,8 +19,21 @@ import (
 
 // layerFile is one file of the image layer.
 type layerFile struct {
-	src string // path on the host
-	dst string // path in the image, relative, e.g. "disk/disk.qcow2"
+	src  string // path on the host, or "" for data
+	data []byte // the file's content, when src is ""
+	dst  string // path in the image, relative, e.g. "disk/disk.qcow2"
+}
+
+// size is the file's size in bytes.
+func (f layerFile) size() (int64, error) {
+	if f.src == "" {
+		return int64(len(f.data)), nil
+	}
+	st, err := os.Stat(f.src)
+	if err != nil {
+		return 0, fmt.Errorf("stat %s: %w", f.src, err)
+	}
+	return st.Size(), nil
 }
 
 // Layer compressions.
@@ -165,23 +179,31 @@ func writeParents(tw *tar.Writer, name string, mtime time.Time, seen map[string]
 	return nil
 }
 
-// writeFile streams one host file into the tar as a read-only regular
-// file, counting what it reads into prog.
+// writeFile streams one host file, or the data of f, into the tar as a
+// read-only regular file, counting what it reads into prog.
 func writeFile(ctx context.Context, tw *tar.Writer, f layerFile, mtime time.Time, buf []byte, prog *progress) error {
-	src, err := os.Open(f.src)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", f.src, err)
-	}
-	defer src.Close()
-	st, err := src.Stat()
-	if err != nil {
-		return fmt.Errorf("stat %s: %w", f.src, err)
+	name := f.src
+	var r io.Reader = bytes.NewReader(f.data)
+	size := int64(len(f.data))
+	if f.src != "" {
+		src, err := os.Open(f.src)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", f.src, err)
+		}
+		defer src.Close()
+		st, err := src.Stat()
+		if err != nil {
+			return fmt.Errorf("stat %s: %w", f.src, err)
+		}
+		r, size = src, st.Size()
+	} else {
+		name = "/" + f.dst
 	}
 	hdr := &tar.Header{
 		Typeflag: tar.TypeReg,
 		Name:     f.dst,
 		Mode:     0o444,
-		Size:     st.Size(),
+		Size:     size,
 		Uname:    "root",
 		Gname:    "root",
 		ModTime:  mtime,
@@ -189,12 +211,12 @@ func writeFile(ctx context.Context, tw *tar.Writer, f layerFile, mtime time.Time
 	if err := tw.WriteHeader(hdr); err != nil {
 		return fmt.Errorf("write layer header %s: %w", f.dst, err)
 	}
-	n, err := io.CopyBuffer(tw, ctxReader{ctx: ctx, r: progressReader{r: src, p: prog}}, buf)
+	n, err := io.CopyBuffer(tw, ctxReader{ctx: ctx, r: progressReader{r: r, p: prog}}, buf)
 	if err != nil {
-		return fmt.Errorf("copy %s into layer: %w", f.src, err)
+		return fmt.Errorf("copy %s into layer: %w", name, err)
 	}
-	if n != st.Size() {
-		return fmt.Errorf("copy %s into layer: file changed size while packing (%d of %d bytes)", f.src, n, st.Size())
+	if n != size {
+		return fmt.Errorf("copy %s into layer: file changed size while packing (%d of %d bytes)", name, n, size)
 	}
 	return nil
 }

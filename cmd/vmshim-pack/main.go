@@ -2,11 +2,14 @@
 // image in the KubeVirt containerDisk layout (/disk/disk.qcow2 or
 // /disk/disk.img; kernels under /boot/), written as an archive that
 // `ctr images import` and `nerdctl load` accept, or imported straight into
-// a containerd namespace and unpacked.
+// a containerd namespace and unpacked. With --url it makes a pointer image
+// instead: /disk/disk.url and /disk/disk.sha256, and no disk, which the
+// shim downloads.
 //
 //	vmshim-pack --disk FILE --ref REF -o OUT.tar
 //	vmshim-pack --kernel FILE [--initrd FILE] --ref REF -o OUT.tar
 //	vmshim-pack --disk FILE --ref REF --import [--namespace NS]
+//	vmshim-pack --url URL --sha256 HEX --ref REF -o OUT.tar
 //
 // Run `vmshim-pack -h` for every flag.
 package main
@@ -22,14 +25,19 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/containerd/errdefs"
 )
 
 // usageHead is printed before the flags by -h.
-const usageHead = `usage: vmshim-pack (--disk FILE | --kernel FILE [--initrd FILE]) --ref REF (-o OUT.tar | --import) [flags]
+const usageHead = `usage: vmshim-pack (--disk FILE | --kernel FILE [--initrd FILE] | --url URL --sha256 HEX) --ref REF (-o OUT.tar | --import) [flags]
 
 Packs a VM disk (qcow2 or raw) as /disk/disk.qcow2 or /disk/disk.img, or a
 kernel (bzImage or x86-64 ELF) and initrd as /boot/vmlinuz or /boot/vmlinux
 and /boot/initrd.img, into a one-layer OCI image for containerd-shim-vm-v2.
+With --url and --sha256 it makes a pointer image instead: no disk, only
+/disk/disk.url and /disk/disk.sha256; the shim downloads the disk from the
+http(s) URL into the node's cache and checks its sha256 before use.
 
 Examples:
   vmshim-pack --disk debian-12.qcow2 --ref localhost/vms/debian:12 -o debian.tar
@@ -38,6 +46,8 @@ Examples:
   vmshim-pack --disk disk.raw --qcow2 --compression zstd --ref localhost/vms/raw:1 -o raw.tar
   vmshim-pack --disk debian-12.qcow2 --ref localhost/vms/debian:12 -o debian.tar \
       --label org.opencontainers.image.source=https://example.org/vms --description "Debian 12"
+  vmshim-pack --url https://example.org/vms/debian-12.qcow2 --sha256 "$(cat debian-12.qcow2.sha256)" \
+      --ref localhost/vms/debian-url:12 -o debian-url.tar
 
 Flags:
 `
@@ -83,6 +93,8 @@ func parseFlags(args []string, stderr *os.File) (packOptions, error) {
 	fs.StringVar(&opts.Disk, "disk", "", "qcow2 or raw disk `FILE`, packed as /disk/disk.qcow2 or /disk/disk.img")
 	fs.StringVar(&opts.Kernel, "kernel", "", "kernel `FILE` (bzImage or ELF), packed as /boot/vmlinuz or /boot/vmlinux")
 	fs.StringVar(&opts.Initrd, "initrd", "", "initrd `FILE`, packed as /boot/initrd.img (with --kernel)")
+	fs.StringVar(&opts.URL, "url", "", "make a pointer image: the shim downloads the disk from the http or https `URL` (with --sha256; no --disk)")
+	fs.StringVar(&opts.SHA256, "sha256", "", "sha256 of the disk at --url, as 64 hex digits (`HEX`, also sha256:HEX or a sha256sum line)")
 	fs.StringVar(&opts.Ref, "ref", "", "image reference `REF`, e.g. localhost/vms/debian:12")
 	fs.StringVar(&opts.Output, "o", "", "write the OCI archive to `FILE` (atomically)")
 	fs.BoolVar(&importFlag, "import", false, "import the image into containerd and unpack it (with or without -o)")
@@ -116,6 +128,9 @@ func parseFlags(args []string, stderr *os.File) (packOptions, error) {
 	if importFlag {
 		opts.Import = &imp
 	}
+	if opts.URL != "" && flagSet(fs, "qemu-img") {
+		return opts, fmt.Errorf("--qemu-img is for --qcow2, which converts a disk, and a pointer image (--url) holds none: %w", errdefs.ErrInvalidArgument)
+	}
 	mode, err := parseProgressMode(progressFlag, isTerminal(stderr.Fd()))
 	if err != nil {
 		return opts, err
@@ -142,6 +157,13 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 		}
 		fmt.Fprintf(w, "%s\n    \t%s\n", line, usage)
 	})
+}
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // envOr is the environment variable key, or def when it is unset or empty.

@@ -14,6 +14,8 @@ import (
 	"github.com/distribution/reference"
 	"github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/vmshim/vmshim/image"
 )
 
 // annotationImgRef is the full image name on the index's manifest, read by
@@ -22,8 +24,10 @@ const annotationImgRef = "io.containerd.image.name"
 
 // packOptions says what to pack and where.
 type packOptions struct {
-	Disk        string            // qcow2 or raw disk; excludes Kernel
-	Kernel      string            // bzImage or ELF kernel; excludes Disk
+	Disk        string            // qcow2 or raw disk; excludes Kernel and URL
+	Kernel      string            // bzImage or ELF kernel; excludes Disk and URL
+	URL         string            // http(s) URL of the disk of a pointer image; excludes Disk and Kernel
+	SHA256      string            // sha256 of the disk at URL, with URL
 	Initrd      string            // optional initrd, only with Kernel
 	Ref         string            // image reference, e.g. localhost/vm/debian:12
 	Output      string            // path of the OCI archive to write; may be empty with Import
@@ -40,7 +44,8 @@ type packOptions struct {
 }
 
 // pack writes an OCI image layout archive holding the disk, or the kernel
-// and initrd, of opts, named opts.Ref, and imports it into containerd when
+// and initrd, or the pointer files (the disk's URL and sha256) of opts,
+// named opts.Ref, and imports it into containerd when
 // opts.Import is set. The archive appears at opts.Output only when
 // complete; without opts.Output it is streamed to containerd and never
 // stored.
@@ -188,9 +193,20 @@ func writeOutput(ctx context.Context, path string, a archive) (retErr error) {
 // checkOptions validates opts and returns the normalized image name and its
 // tag.
 func checkOptions(opts packOptions) (name, tag string, err error) {
+	pointer := opts.URL != "" || opts.SHA256 != ""
 	switch {
-	case opts.Disk == "" && opts.Kernel == "":
-		return "", "", fmt.Errorf("one of --disk or --kernel is required: %w", errdefs.ErrInvalidArgument)
+	case opts.SHA256 != "" && opts.URL == "":
+		return "", "", fmt.Errorf("--sha256 needs --url: %w", errdefs.ErrInvalidArgument)
+	case pointer && opts.Disk != "":
+		return "", "", fmt.Errorf("--url and --disk are exclusive: a pointer image (--url) holds no disk, the shim downloads it: %w", errdefs.ErrInvalidArgument)
+	case pointer && (opts.Kernel != "" || opts.Initrd != ""):
+		return "", "", fmt.Errorf("--url and --kernel are exclusive: a pointer image (--url) holds no kernel or initrd: %w", errdefs.ErrInvalidArgument)
+	case pointer && opts.Qcow2:
+		return "", "", fmt.Errorf("--qcow2 converts a disk, and a pointer image (--url) holds none: %w", errdefs.ErrInvalidArgument)
+	case opts.URL != "" && opts.SHA256 == "":
+		return "", "", fmt.Errorf("--url needs --sha256, the digest the downloaded disk must have: %w", errdefs.ErrInvalidArgument)
+	case opts.Disk == "" && opts.Kernel == "" && !pointer:
+		return "", "", fmt.Errorf("one of --disk, --kernel or --url is required: %w", errdefs.ErrInvalidArgument)
 	case opts.Disk != "" && opts.Kernel != "":
 		return "", "", fmt.Errorf("--disk and --kernel are exclusive: %w", errdefs.ErrInvalidArgument)
 	case opts.Initrd != "" && opts.Kernel == "":
@@ -211,6 +227,11 @@ func checkOptions(opts packOptions) (name, tag string, err error) {
 		}
 	default:
 		return "", "", fmt.Errorf("compression %q is not gzip or zstd: %w", opts.Compression, errdefs.ErrInvalidArgument)
+	}
+	if pointer {
+		if _, _, err := image.ParsePointer([]byte(opts.URL), []byte(opts.SHA256)); err != nil {
+			return "", "", fmt.Errorf("--url, --sha256: %w", err)
+		}
 	}
 	for k := range opts.Labels {
 		if k == "" {

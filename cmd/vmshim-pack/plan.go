@@ -15,18 +15,22 @@ import (
 	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/vmshim/vmshim/image"
 )
 
 // Labels set on the image config; they describe what the image boots.
 const (
 	labelPrefix     = "io.vmshim."                  // owned by the packer
-	labelKind       = "io.vmshim.image.kind"        // "disk" or "kernel"
+	labelKind       = "io.vmshim.image.kind"        // "disk", "kernel" or "pointer"
 	labelDiskFormat = "io.vmshim.disk.format"       // "qcow2" or "raw"
 	labelDiskPath   = "io.vmshim.disk.path"         // absolute path of the disk in the rootfs
 	labelDiskSize   = "io.vmshim.disk.virtual-size" // guest-visible disk size in bytes
 	labelKernelPath = "io.vmshim.kernel.path"       // absolute path of the kernel in the rootfs
 	labelKernelKind = "io.vmshim.kernel.format"     // "vmlinuz" (bzImage) or "vmlinux" (ELF)
 	labelInitrdPath = "io.vmshim.initrd.path"       // absolute path of the initrd in the rootfs
+	labelDiskURL    = "io.vmshim.disk.url"          // URL of a pointer image's disk
+	labelDiskSHA256 = "io.vmshim.disk.sha256"       // sha256 of a pointer image's disk
 )
 
 // imagePlatform is the platform of every packed image: the shim boots
@@ -58,20 +62,23 @@ func (p imagePlan) removeTemp() {
 func makePlan(ctx context.Context, opts packOptions, dir string) (imagePlan, error) {
 	var plan imagePlan
 	var err error
-	if opts.Disk != "" {
+	switch {
+	case opts.URL != "":
+		plan, err = planPointer(opts.URL, opts.SHA256)
+	case opts.Disk != "":
 		plan, err = planDisk(ctx, opts, dir)
-	} else {
+	default:
 		plan, err = planKernel(opts.Kernel, opts.Initrd)
 	}
 	if err != nil {
 		return plan, err
 	}
 	for _, f := range plan.files {
-		st, err := os.Stat(f.src)
+		size, err := f.size()
 		if err != nil {
-			return plan, fmt.Errorf("stat %s: %w", f.src, err)
+			return plan, err
 		}
-		plan.size += st.Size()
+		plan.size += size
 	}
 	created := opts.Created.UTC().Truncate(time.Second)
 	plan.labels[ocispec.AnnotationCreated] = created.Format(time.RFC3339)
@@ -200,6 +207,30 @@ func planKernel(kernel, initrd string) (imagePlan, error) {
 	plan.labels[labelInitrdPath] = "/boot/initrd.img"
 	plan.name += " + " + filepath.Base(initrd)
 	return plan, nil
+}
+
+// planPointer makes a pointer image: /disk/disk.url and /disk/disk.sha256,
+// one line each, checked as the shim checks them, and no disk.
+func planPointer(urlText, sumText string) (imagePlan, error) {
+	diskURL, sum, err := image.ParsePointer([]byte(urlText), []byte(sumText))
+	if err != nil {
+		return imagePlan{}, fmt.Errorf("--url, --sha256: %w", err)
+	}
+	urlDst := strings.TrimPrefix(image.PointerURLFile, "/")
+	sumDst := strings.TrimPrefix(image.PointerSHA256File, "/")
+	return imagePlan{
+		files: []layerFile{
+			{dst: urlDst, data: []byte(diskURL + "\n")},
+			{dst: sumDst, data: []byte(sum + "\n")},
+		},
+		labels: map[string]string{
+			labelKind:       "pointer",
+			labelDiskURL:    diskURL,
+			labelDiskSHA256: sum,
+		},
+		cmd:  []string{image.PointerURLFile},
+		name: filepath.Base(urlDst),
+	}, nil
 }
 
 // imageBlobs builds the image config and the manifest for one layer.

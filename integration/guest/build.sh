@@ -262,7 +262,7 @@ build_disk() {
 	part=$WORK/part.img
 	raw=$WORK/disk.raw
 	rm -f "$part" "$raw"
-	boot_partition "$part" VMSHIM "$PART_START_MIB" "$PART_SIZE_MIB" "$kernel" "$initrd" console=ttyS0
+	boot_partition "$part" VMSHIM "$PART_START_MIB" "$PART_SIZE_MIB" "$kernel" "$initrd" "console=ttyS0 vmshim.bootdisk"
 
 	truncate -s $(((PART_START_MIB + PART_SIZE_MIB) * 1024 * 1024)) "$raw"
 	# One bootable FAT16 partition (type 6) at 1 MiB.

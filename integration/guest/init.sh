@@ -8,6 +8,8 @@
 #                                  when there are none (before BOOTED)
 #   VMSHIM-CMDLINE <cmdline>       the kernel command line, /proc/cmdline (before
 #                                  BOOTED)
+#   VMSHIM-DISK-BOOTS <n>          on a disk boot, how many boots the boot disk
+#                                  saw before this one (before BOOTED)
 #   VMSHIM-AGENT-STARTED           qemu-ga runs on the virtio-serial port
 #                                  org.qemu.guest_agent.0 (only in guests that
 #                                  carry /usr/sbin/qemu-ga; before BOOTED)
@@ -127,6 +129,24 @@ report_disks() {
 		disks="$disks $disk"
 	done
 	echo "VMSHIM-DISKS${disks:- -}"
+}
+
+# count_boots prints VMSHIM-DISK-BOOTS: how many boots the boot disk saw
+# before this one, as its sector 100 (in the gap before the partition at
+# 1 MiB) counts them, and counts this one. Only disk boots count (the
+# disk's boot line says vmshim.bootdisk): a disk kept on a volume counts
+# on, an overlay made anew each boot starts from 0.
+count_boots() {
+	grep -q vmshim.bootdisk /proc/cmdline || return 0
+	part=$(findfs LABEL=VMSHIM 2>/dev/null) || {
+		echo "VMSHIM-GUEST-WARNING: no partition labelled VMSHIM to count boots on"
+		return 0
+	}
+	disk=${part%1}
+	n=$(dd if="$disk" bs=512 skip=100 count=1 2>/dev/null | tr -dc 0-9 | head -c 9)
+	echo "VMSHIM-DISK-BOOTS ${n:-0}"
+	printf '%-511s\n' "$((${n:-0} + 1))" | dd of="$disk" bs=512 seek=100 count=1 conv=notrunc 2>/dev/null
+	sync
 }
 
 # arm_power_button starts one reader per "Power Button" input device. Each
@@ -323,6 +343,7 @@ load_modules
 wait_disks
 report_disks
 echo "VMSHIM-CMDLINE $(cat /proc/cmdline)"
+count_boots
 arm_power_button
 [ ! -x /usr/sbin/qemu-ga ] || start_agent
 # No local echo: the console shows only what the guest writes.

@@ -1,0 +1,88 @@
+package config
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+const testSum = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+
+// diskSpec is a container with a volume at /data, a read-only one at
+// /ro, a tmpfs at /tmp and a block device at /dev/xvdb.
+func diskSpec(ann map[string]string) *specs.Spec {
+	return &specs.Spec{
+		Annotations: ann,
+		Mounts: []specs.Mount{
+			{Destination: "/data", Type: "bind", Source: "/var/lib/kubelet/pods/u/volumes/data", Options: []string{"rbind", "rw"}},
+			{Destination: "/ro", Type: "bind", Source: "/srv/ro", Options: []string{"rbind", "ro"}},
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs"},
+		},
+		Linux: &specs.Linux{Devices: []specs.LinuxDevice{{Path: "/dev/xvdb", Type: "b", Major: 7, Minor: 3}}},
+	}
+}
+
+func TestResolveDisks(t *testing.T) {
+	tests := []struct {
+		name    string
+		ann     map[string]string
+		check   func(*testing.T, *VM)
+		wantErr string
+	}{
+		{name: "none", ann: nil, check: func(t *testing.T, vm *VM) {
+			if vm.RootVolume != nil || vm.DiskURL != "" || vm.DiskSHA256 != "" {
+				t.Errorf("got %+v", vm)
+			}
+		}},
+		{name: "filesystem volume", ann: map[string]string{AnnotationRootDiskVolume: "/data/"}, check: func(t *testing.T, vm *VM) {
+			want := RootVolume{Path: "/data", HostDir: "/var/lib/kubelet/pods/u/volumes/data"}
+			if vm.RootVolume == nil || *vm.RootVolume != want || vm.RootDiskPolicy != RootDiskKeep {
+				t.Errorf("root volume %+v policy %q, want %+v keep", vm.RootVolume, vm.RootDiskPolicy, want)
+			}
+		}},
+		{name: "block volume recreate", ann: map[string]string{AnnotationRootDiskVolume: "/dev/xvdb", AnnotationRootDiskPolicy: "recreate"}, check: func(t *testing.T, vm *VM) {
+			if vm.RootVolume == nil || !vm.RootVolume.Block || vm.RootVolume.Path != "/dev/xvdb" || vm.RootDiskPolicy != RootDiskRecreate {
+				t.Errorf("root volume %+v policy %q", vm.RootVolume, vm.RootDiskPolicy)
+			}
+		}},
+		{name: "url", ann: map[string]string{AnnotationDiskURL: "https://disks.example/a.qcow2?x=1", AnnotationDiskSHA256: "sha256:" + strings.ToUpper(testSum)}, check: func(t *testing.T, vm *VM) {
+			if vm.DiskURL != "https://disks.example/a.qcow2?x=1" || vm.DiskSHA256 != testSum {
+				t.Errorf("url %q sum %q", vm.DiskURL, vm.DiskSHA256)
+			}
+		}},
+		{name: "unknown volume", ann: map[string]string{AnnotationRootDiskVolume: "/nope"}, wantErr: "annotation vmshim.io/root-disk-volume: /nope is neither a volume mounted in the container nor one of its block devices"},
+		{name: "read-only volume", ann: map[string]string{AnnotationRootDiskVolume: "/ro"}, wantErr: "the volume at /ro is mounted read-only"},
+		{name: "tmpfs", ann: map[string]string{AnnotationRootDiskVolume: "/tmp"}, wantErr: "the mount at /tmp is a tmpfs mount"},
+		{name: "relative", ann: map[string]string{AnnotationRootDiskVolume: "data"}, wantErr: `"data" is not an absolute path`},
+		{name: "root", ann: map[string]string{AnnotationRootDiskVolume: "/.."}, wantErr: "is the container's root"},
+		{name: "newline", ann: map[string]string{AnnotationRootDiskVolume: "/data\n"}, wantErr: "contains a newline"},
+		{name: "policy alone", ann: map[string]string{AnnotationRootDiskPolicy: "keep"}, wantErr: "vmshim.io/root-disk-policy: needs vmshim.io/root-disk-volume"},
+		{name: "bad policy", ann: map[string]string{AnnotationRootDiskVolume: "/data", AnnotationRootDiskPolicy: "always"}, wantErr: `"always" is not keep or recreate`},
+		{name: "url without sum", ann: map[string]string{AnnotationDiskURL: "http://a/b"}, wantErr: "vmshim.io/disk-url: needs vmshim.io/disk-sha256"},
+		{name: "sum without url", ann: map[string]string{AnnotationDiskSHA256: testSum}, wantErr: "vmshim.io/disk-sha256: is set without vmshim.io/disk-url"},
+		{name: "file url", ann: map[string]string{AnnotationDiskURL: "file:///etc/shadow", AnnotationDiskSHA256: testSum}, wantErr: `scheme "file" is not http or https`},
+		{name: "no host", ann: map[string]string{AnnotationDiskURL: "http:///x", AnnotationDiskSHA256: testSum}, wantErr: "has no host"},
+		{name: "fragment", ann: map[string]string{AnnotationDiskURL: "http://a/b#c", AnnotationDiskSHA256: testSum}, wantErr: "has a fragment"},
+		{name: "blank in url", ann: map[string]string{AnnotationDiskURL: "http://a/b c", AnnotationDiskSHA256: testSum}, wantErr: "blanks or control characters"},
+		{name: "long url", ann: map[string]string{AnnotationDiskURL: "http://a/" + strings.Repeat("x", MaxDiskURL), AnnotationDiskSHA256: testSum}, wantErr: "more than 4096"},
+		{name: "short sum", ann: map[string]string{AnnotationDiskURL: "http://a/b", AnnotationDiskSHA256: testSum[:63]}, wantErr: "is not 64 hex digits"},
+		{name: "md5", ann: map[string]string{AnnotationDiskURL: "http://a/b", AnnotationDiskSHA256: "md5:" + testSum}, wantErr: "is not 64 hex digits"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			vm, err := Resolve(Default(), "c1", diskSpec(tc.ann))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errdefs.IsInvalidArgument(err) || strings.Contains(err.Error(), "\n") {
+					t.Fatalf("Resolve() error = %v, want one InvalidArgument line containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, vm)
+		})
+	}
+}

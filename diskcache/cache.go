@@ -1,0 +1,194 @@
+package diskcache
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+)
+
+// Cache is a directory of disks shared by every shim on the node. Its
+// fields are set before the first call; a Cache may then be used by many
+// goroutines, and many Cache values (in many processes) may share one Dir.
+type Cache struct {
+	// Dir is the cache directory, made 0700 with its parents if missing.
+	Dir string
+	// MaxSize is the bytes the cache may hold (disks and temp files); 0
+	// means no cap.
+	MaxSize int64
+	// MaxDisk is the largest download and the largest decompressed disk,
+	// in bytes; 0 means no limit.
+	MaxDisk int64
+	// Client makes the downloads; nil means NewClient("").
+	Client *http.Client
+	// Logger gets what is worth a line in the shim's log (evictions,
+	// failures to evict); nil means no log.
+	Logger *log.Entry
+
+	// attempts is the number of tries of a download that keeps losing its
+	// connection; 0 means defaultAttempts.
+	attempts int
+	// backoff is the wait after the first lost connection, doubled after
+	// each other; 0 means defaultBackoff.
+	backoff time.Duration
+	// stall ends an attempt that receives nothing for this long; 0 means
+	// defaultStall.
+	stall time.Duration
+}
+
+// Disk is a disk of the cache, open and in use until every copy of its
+// file descriptor is closed.
+type Disk struct {
+	// File is open read-only on the disk, without following a symlink,
+	// and holds the shared flock that marks the disk in use.
+	File *os.File
+	// Digest is the lowercase hex sha256 of the download.
+	Digest string
+	// Size is the size of the (decompressed) disk in bytes.
+	Size int64
+}
+
+// Close closes the Disk's file. The disk stays in use while a dup of the
+// descriptor (a VM's) is open.
+func (d *Disk) Close() error {
+	return d.File.Close()
+}
+
+// Get returns the disk for u whose download has the sha256 digest (hex,
+// optionally "sha256:"), downloading, verifying and decompressing it into
+// the cache if it is not there, then evicting what no longer fits. Progress
+// lines go to progress, which may be nil.
+func (c *Cache) Get(ctx context.Context, u *url.URL, digest string, progress Progress) (*Disk, error) {
+	if u == nil {
+		return nil, errorf(errdefs.ErrInvalidArgument, nil, "disk-url is not set")
+	}
+	if err := checkURL(u); err != nil {
+		return nil, err
+	}
+	hex, err := ParseDigest(digest)
+	if err != nil {
+		return nil, err
+	}
+	r, err := openRoot(c.Dir)
+	if err != nil {
+		return nil, err
+	}
+	defer r.close()
+	if d, err := openDisk(ctx, r, hex, false); d != nil || err != nil {
+		if d != nil {
+			progress.say("using cached disk sha256:%s for %s", hex, u.Redacted())
+		}
+		return d, err
+	}
+	l, err := lockDigest(ctx, r, hex, func() {
+		progress.say("waiting for another shim to download sha256:%s", hex)
+	})
+	if err != nil {
+		return nil, err
+	}
+	d, added, err := c.getLocked(ctx, r, u, hex, progress)
+	if err != nil {
+		if _, serr := statAt(r.tmp, hex+partSuffix); errors.Is(serr, unix.ENOENT) {
+			// Nothing is left of hex: no lock file to keep either.
+			if rerr := l.remove(); rerr != nil {
+				c.warn(rerr, "remove lock file")
+			}
+		} else {
+			l.unlock()
+		}
+		return nil, err
+	}
+	l.unlock()
+	if added && c.MaxSize > 0 {
+		if err := c.evict(ctx, r, hex); err != nil {
+			c.warn(err, "evict disks")
+		}
+	}
+	return d, nil
+}
+
+// getLocked returns the disk hex, downloading it if it is not there, and
+// whether it did; the caller holds the digest lock.
+func (c *Cache) getLocked(ctx context.Context, r *root, u *url.URL, hex string, p Progress) (*Disk, bool, error) {
+	if d, err := openDisk(ctx, r, hex, true); d != nil || err != nil {
+		if d != nil {
+			p.say("using sha256:%s downloaded by another shim", hex)
+			// A crash between the rename of a decompressed disk and the
+			// removal of its download leaves the download.
+			if err := removeAt(r.tmp, hex+partSuffix); err != nil {
+				c.warn(err, "remove download file")
+			}
+		}
+		return d, false, err
+	}
+	if err := c.fetch(ctx, r, u, hex, p); err != nil {
+		return nil, false, err
+	}
+	d, err := openDisk(ctx, r, hex, true)
+	if err == nil && d == nil {
+		err = errorf(errdefs.ErrUnavailable, nil, "disk %s vanished", r.label(disksDir, hex))
+	}
+	return d, err == nil, err
+}
+
+// openDisk opens the final disk hex and takes its shared lock, returning
+// nil and no error if it does not exist. Without the digest lock (locked
+// false), it also returns nil if Evict is removing the disk at the time.
+// It sets the disk's mtime to now: its last use, for eviction.
+func openDisk(ctx context.Context, r *root, hex string, locked bool) (_ *Disk, retErr error) {
+	label := r.label(disksDir, hex)
+	f, err := openAt(r.disks, hex, unix.O_RDONLY, 0, label)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, errorf(errdefs.ErrFailedPrecondition, err, "open cached disk")
+	}
+	defer func() {
+		if retErr != nil {
+			f.Close()
+		}
+	}()
+	if locked {
+		err = pollFlock(ctx, f, unix.LOCK_SH, nil)
+	} else if err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); errors.Is(err, unix.EWOULDBLOCK) {
+		f.Close()
+		return nil, nil // being evicted: take the slow path
+	}
+	if err != nil {
+		return nil, errorf(errdefs.ErrUnavailable, err, "lock %s", label)
+	}
+	same, err := sameFile(f, r.disks, hex)
+	if err != nil {
+		return nil, errorf(errdefs.ErrUnavailable, err, "stat %s", label)
+	}
+	if !same {
+		f.Close()
+		return nil, nil // evicted between open and lock
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, errorf(errdefs.ErrUnavailable, err, "stat %s", label)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, errorf(errdefs.ErrFailedPrecondition, nil, "%s is not a regular file", label)
+	}
+	now := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_NOW}}
+	if err := unix.UtimesNanoAt(int(r.disks.Fd()), hex, now, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return nil, errorf(errdefs.ErrUnavailable, err, "touch %s", label)
+	}
+	return &Disk{File: f, Digest: hex, Size: st.Size}, nil
+}
+
+// warn logs err, if the Cache has a Logger.
+func (c *Cache) warn(err error, msg string) {
+	if c.Logger != nil {
+		c.Logger.WithError(err).Warn(msg)
+	}
+}

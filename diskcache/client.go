@@ -1,0 +1,72 @@
+package diskcache
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/net/http/httpproxy"
+)
+
+// Timeouts of the download client. There is no overall timeout: the
+// caller's context bounds a download, which may be long.
+const (
+	dialTimeout           = 30 * time.Second
+	tlsHandshakeTimeout   = 15 * time.Second
+	responseHeaderTimeout = 60 * time.Second
+	idleConnTimeout       = 90 * time.Second
+	maxRedirects          = 10
+)
+
+// NewClient returns the HTTP client for downloads: the system CAs plus,
+// when caFile != "", the PEM certificates in caFile (an error if it has
+// none); proxies from HTTPS_PROXY, HTTP_PROXY and NO_PROXY as they are
+// when NewClient is called; dial, TLS handshake and response header
+// timeouts; redirects only to http or https URLs, at most 10. It never asks
+// for or undoes a Content-Encoding: the digest is of the bytes as served.
+func NewClient(caFile string) (*http.Client, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, errorf(errdefs.ErrInvalidArgument, err, "read ca_file")
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, errorf(errdefs.ErrInvalidArgument, nil, "ca_file %s has no PEM certificate", caFile)
+		}
+	}
+	proxy := httpproxy.FromEnvironment().ProxyFunc()
+	dialer := &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
+	transport := &http.Transport{
+		Proxy:                 func(req *http.Request) (*url.URL, error) { return proxy(req.URL) },
+		DialContext:           dialer.DialContext,
+		TLSClientConfig:       &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout:   tlsHandshakeTimeout,
+		ResponseHeaderTimeout: responseHeaderTimeout,
+		IdleConnTimeout:       idleConnTimeout,
+		ExpectContinueTimeout: time.Second,
+		MaxIdleConns:          4,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     true,
+	}
+	return &http.Client{Transport: transport, CheckRedirect: checkRedirect}, nil
+}
+
+// checkRedirect allows at most maxRedirects redirects, to http or https.
+func checkRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) > maxRedirects {
+		return errorf(errdefs.ErrFailedPrecondition, nil, "stopped after %d redirects", maxRedirects)
+	}
+	if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
+		return errorf(errdefs.ErrFailedPrecondition, nil, "redirect to %s: scheme must be http or https", req.URL.Redacted())
+	}
+	return nil
+}

@@ -1,0 +1,171 @@
+package diskcache
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"io"
+	"math"
+	"net/url"
+	"os"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// fetch downloads u into tmp/<want>.part (resuming what is there), checks
+// its sha256 is want, and installs it (decompressed) as sha256/<want>. The
+// caller holds the digest lock. On failure it leaves at most the partial
+// download, and only when the failure is worth resuming (a lost connection
+// or the end of ctx).
+func (c *Cache) fetch(ctx context.Context, r *root, u *url.URL, want string, p Progress) (retErr error) {
+	client := c.Client
+	if client == nil {
+		var err error
+		if client, err = NewClient(""); err != nil {
+			return err
+		}
+		defer client.CloseIdleConnections()
+	}
+	name := u.Redacted()
+	dl, err := c.openPart(ctx, r, want)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		dl.f.Close()
+		if retErr != nil && !dl.keep {
+			if err := removeAt(r.tmp, want+partSuffix); err != nil {
+				c.warn(err, "remove download file")
+			}
+		}
+	}()
+	if dl.have > 0 {
+		p.say("found %d bytes of an earlier download of %s", dl.have, name)
+	}
+	for try := 0; ; try++ {
+		if err := c.download(ctx, client, dl, u, p); err != nil {
+			return err
+		}
+		sum := hex.EncodeToString(dl.hash.Sum(nil))
+		if sum == want {
+			break
+		}
+		if dl.resumed && try == 0 {
+			// The bytes kept may predate a change of the file, or a crash.
+			p.say("%s: sha256 is wrong after a resume, downloading again from 0", name)
+			if err := dl.reset(); err != nil {
+				dl.keep = false
+				return err
+			}
+			continue
+		}
+		dl.keep = false
+		return errorf(errdefs.ErrFailedPrecondition, nil, "disk-url %s: sha256 is %s, want %s", name, sum, want)
+	}
+	p.say("verified sha256:%s of %s", want, name)
+	err = c.install(ctx, r, dl, name, want, p)
+	dl.keep = err != nil && ctx.Err() != nil // a verified download is worth keeping
+	return err
+}
+
+// install moves the verified download into sha256/<hex>, decompressed if
+// it starts with the magic of gzip, xz or zstd.
+func (c *Cache) install(ctx context.Context, r *root, dl *part, name, hex string, p Progress) error {
+	format, err := sniff(dl.f)
+	if err != nil {
+		return errorf(errdefs.ErrUnavailable, err, "read %s", dl.f.Name())
+	}
+	if format == "" {
+		return commit(r, dl.f, hex+partSuffix, hex)
+	}
+	p.say("decompressing %s (%s)", name, format)
+	n, err := c.unpack(ctx, r, dl, format, name, hex, p)
+	if err != nil {
+		return err
+	}
+	p.say("decompressed %s: %s", name, humanBytes(n))
+	if err := removeAt(r.tmp, hex+partSuffix); err != nil {
+		c.warn(err, "remove download file")
+	}
+	return nil
+}
+
+// unpack decompresses dl into tmp/<hex>.unpack, at most MaxDisk bytes, and
+// commits it as sha256/<hex>. It returns the decompressed size.
+func (c *Cache) unpack(ctx context.Context, r *root, dl *part, format, name, hex string, p Progress) (_ int64, retErr error) {
+	tmp := hex + unpackSuffix
+	out, err := openAt(r.tmp, tmp, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC, 0o600, r.label(tmpDir, tmp))
+	if err != nil {
+		return 0, errorf(errdefs.ErrUnavailable, err, "open decompression file")
+	}
+	defer func() {
+		out.Close()
+		if retErr != nil {
+			if err := removeAt(r.tmp, tmp); err != nil {
+				c.warn(err, "remove decompression file")
+			}
+		}
+	}()
+	limit := c.MaxDisk
+	if limit <= 0 {
+		limit = math.MaxInt64 - 1
+	}
+	total := int64(-1)
+	if format == formatXZ {
+		if total, err = checkXZ(io.NewSectionReader(dl.f, 0, dl.have), name, c.MaxDisk); err != nil {
+			return 0, err
+		}
+	}
+	dec, err := newDecoder(format, bufio.NewReaderSize(io.NewSectionReader(dl.f, 0, dl.have), 1<<20))
+	if err != nil {
+		return 0, errorf(errdefs.ErrFailedPrecondition, err, "disk-url %s: decompress %s", name, format)
+	}
+	defer dec.Close()
+	w := &errWriter{w: out}
+	m := newMeter(p, "decompressing", name, 0, total)
+	n, err := io.Copy(io.MultiWriter(w, m), io.LimitReader(ctxReader{ctx, dec}, limit+1))
+	switch {
+	case ctx.Err() != nil:
+		return 0, ctxError(ctx, "disk-url "+name+": decompress")
+	case w.err != nil:
+		return 0, errorf(errdefs.ErrUnavailable, w.err, "write %s", out.Name())
+	case err != nil:
+		return 0, errorf(errdefs.ErrFailedPrecondition, err, "disk-url %s: decompress %s", name, format)
+	case n > limit:
+		return 0, tooLarge(name, "decompressed disk", c.MaxDisk)
+	}
+	return n, commit(r, out, tmp, hex)
+}
+
+// commit makes the temp file f (tmp/<name>) read-only, syncs it and renames
+// it to sha256/<hex>, then syncs sha256/ so the new name survives a crash.
+func commit(r *root, f *os.File, name, hex string) error {
+	if err := f.Chmod(0o444); err != nil {
+		return errorf(errdefs.ErrUnavailable, err, "chmod %s", f.Name())
+	}
+	if err := f.Sync(); err != nil {
+		return errorf(errdefs.ErrUnavailable, err, "sync %s", f.Name())
+	}
+	if err := unix.Renameat(int(r.tmp.Fd()), name, int(r.disks.Fd()), hex); err != nil {
+		return errorf(errdefs.ErrUnavailable, err, "rename %s to %s", f.Name(), r.label(disksDir, hex))
+	}
+	if err := r.disks.Sync(); err != nil {
+		return errorf(errdefs.ErrUnavailable, err, "sync %s", r.label(disksDir, ""))
+	}
+	return nil
+}
+
+// errWriter records the error of its writer, to tell it from a read error.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(b []byte) (int, error) {
+	n, err := e.w.Write(b)
+	if err != nil && e.err == nil {
+		e.err = err
+	}
+	return n, err
+}

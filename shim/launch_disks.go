@@ -1,0 +1,84 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/vmshim/vmshim/config"
+	"github.com/vmshim/vmshim/image"
+	"github.com/vmshim/vmshim/qemu"
+	"github.com/vmshim/vmshim/rootdisk"
+)
+
+// disks checks the image's disk and gives the VM its root disk: an
+// overlay over the image's disk made anew each boot, or the disk kept on
+// the volume the pod names. A kernel boot takes the kernel and initrd.
+func (c *launch) disks(ctx context.Context) error {
+	if c.boot.Disk == "" {
+		if c.desc.RootVolume != nil {
+			return fmt.Errorf("annotation %s: the image boots a kernel; it has no disk to keep on a volume: %w",
+				config.AnnotationRootDiskVolume, errdefs.ErrInvalidArgument)
+		}
+		c.qs.Append = c.desc.KernelCmdline // the jail step passes the kernel
+		return nil
+	}
+	info, err := image.Inspect(ctx, c.img, c.boot, image.Limits{MaxVirtualSize: c.cfg.MaxDiskBytes()})
+	if err != nil {
+		return err
+	}
+	if c.desc.RootDiskSize > 0 && c.desc.RootDiskSize < info.VirtualSize {
+		return fmt.Errorf("annotation %s: %d bytes is smaller than the image's disk %s (%d bytes); disks can only grow: %w",
+			config.AnnotationRootDiskSize, c.desc.RootDiskSize, c.boot.InImage(c.boot.Disk), info.VirtualSize, errdefs.ErrInvalidArgument)
+	}
+	if c.desc.RootVolume != nil {
+		return c.keptDisk(ctx, info)
+	}
+	overlay, err := c.create(image.OverlayName)
+	if err != nil {
+		return err
+	}
+	if err := image.CreateOverlay(ctx, c.img, overlay, c.boot.Format, info.VirtualSize, c.desc.RootDiskSize); err != nil {
+		return err
+	}
+	c.qs.Drives = append(c.qs.Drives, qemu.Drive{
+		ID: "root", Path: c.fdSet(overlay), Format: qemu.FormatQCOW2,
+		BackingPath: c.fdSet(c.boot.DiskFile), BackingFormat: c.boot.Format,
+		Driver: c.desc.DiskDriver, BootIndex: 1,
+	})
+	return nil
+}
+
+// keptDisk claims the root disk on the pod's volume, made from the
+// image's disk on its first boot. It is the volume's, never undone: the
+// claim is a lock on the file QEMU holds, and ends with it.
+func (c *launch) keptDisk(ctx context.Context, info *image.Info) error {
+	v := c.desc.RootVolume
+	if v.Block {
+		return fmt.Errorf("annotation %s: %s is a block device; root disks are kept only on filesystem volumes: %w",
+			config.AnnotationRootDiskVolume, v.Path, errdefs.ErrInvalidArgument)
+	}
+	d, err := rootdisk.OnDirectory(ctx, v.HostDir, v.Path, rootdisk.Image{
+		File: c.boot.DiskFile, Format: c.boot.Format, VirtualSize: info.VirtualSize, Name: c.boot.InImage(c.boot.Disk),
+	}, rootdisk.Options{
+		Size: c.desc.RootDiskSize, Recreate: c.desc.RootDiskPolicy == config.RootDiskRecreate,
+		MaxVirtualSize: c.cfg.MaxDiskBytes(), Img: c.img, Log: c.log,
+	})
+	if err != nil {
+		return err
+	}
+	c.logger.WithField("volume", v.Path).WithField("made", d.Made).Info("root disk kept on a volume")
+	c.qs.Drives = append(c.qs.Drives, qemu.Drive{
+		ID: "root", Path: c.fdSet(c.keep(d.File)), Format: qemu.FormatQCOW2,
+		Driver: c.desc.DiskDriver, BootIndex: 1,
+	})
+	return nil
+}
+
+// log writes a line into the container's log while it is made.
+func (c *launch) log(line string) {
+	if c.r.Log != nil {
+		c.r.Log(line)
+	}
+}
