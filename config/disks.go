@@ -1,16 +1,15 @@
 package config
 
 import (
-	"net/url"
 	"path"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"unicode"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/vmshim/vmshim/diskcache"
 )
 
 // Annotations that say where the VM's root disk comes from and where it
@@ -36,8 +35,8 @@ const (
 	RootDiskRecreate = "recreate" // a kept disk is made again from a changed image
 )
 
-// MaxDiskURL is the longest disk URL accepted, in bytes.
-const MaxDiskURL = 4096
+// maxVolumePath is the longest volume path accepted, in bytes.
+const maxVolumePath = 4096
 
 // RootVolume is the volume of the container that keeps the VM's root disk.
 type RootVolume struct {
@@ -45,8 +44,6 @@ type RootVolume struct {
 	HostDir string // a filesystem volume's host directory; "" for a block device
 	Block   bool   // a block device of the container (its host node is resolved with the other devices)
 }
-
-var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // parseDiskAnnotations reads the annotations on the root disk's source and
 // home into a.
@@ -77,40 +74,16 @@ func parseDiskAnnotations(in map[string]string, a *annotations) error {
 	case !hasURL:
 		return nil
 	}
-	canon, err := CheckDiskURL(u)
+	parsed, err := diskcache.ParseURL(u)
 	if err != nil {
 		return annotationErr(AnnotationDiskURL, "%v", err)
 	}
-	digest := strings.ToLower(strings.TrimPrefix(strings.TrimSpace(sum), "sha256:"))
-	if !sha256Hex.MatchString(digest) {
-		return annotationErr(AnnotationDiskSHA256, "%s is not 64 hex digits", quoteValue(sum))
+	digest, err := diskcache.ParseDigest(strings.TrimSpace(sum))
+	if err != nil {
+		return annotationErr(AnnotationDiskSHA256, "%v", err)
 	}
-	a.diskURL, a.diskSHA256 = canon, digest
+	a.diskURL, a.diskSHA256 = parsed.String(), digest
 	return nil
-}
-
-// CheckDiskURL checks the shape of a disk URL (http or https, a host, no
-// fragment, printable, at most MaxDiskURL bytes) and returns it as
-// url.URL writes it.
-func CheckDiskURL(v string) (string, error) {
-	if len(v) > MaxDiskURL {
-		return "", invalidf("%d bytes, more than %d", len(v), MaxDiskURL)
-	}
-	if strings.IndexFunc(v, func(r rune) bool { return r == unicode.ReplacementChar || !unicode.IsGraphic(r) || unicode.IsSpace(r) }) >= 0 {
-		return "", invalidf("%s has blanks or control characters", quoteValue(v))
-	}
-	u, err := url.Parse(v)
-	switch {
-	case err != nil:
-		return "", invalidf("%s is not a URL", quoteValue(v))
-	case u.Scheme != "http" && u.Scheme != "https":
-		return "", invalidf("%s: scheme %q is not http or https", quoteValue(v), u.Scheme)
-	case u.Host == "" || u.Hostname() == "":
-		return "", invalidf("%s has no host", quoteValue(v))
-	case u.Fragment != "" || strings.Contains(v, "#"):
-		return "", invalidf("%s has a fragment", quoteValue(v))
-	}
-	return u.String(), nil
 }
 
 // checkVolumePath checks a volume's path as the container sees it.
@@ -118,8 +91,8 @@ func checkVolumePath(v string) (string, error) {
 	switch {
 	case strings.ContainsAny(v, "\x00\n\r"):
 		return "", invalidf("%s contains a newline or NUL", quoteValue(v))
-	case len(v) > MaxDiskURL:
-		return "", invalidf("%d bytes, more than %d", len(v), MaxDiskURL)
+	case len(v) > maxVolumePath:
+		return "", invalidf("%d bytes, more than %d", len(v), maxVolumePath)
 	case !path.IsAbs(v):
 		return "", invalidf("%s is not an absolute path (a volume's mountPath or devicePath)", quoteValue(v))
 	case path.Clean(v) == "/":

@@ -62,13 +62,13 @@ func TestResolveDisks(t *testing.T) {
 		{name: "bad policy", ann: map[string]string{AnnotationRootDiskVolume: "/data", AnnotationRootDiskPolicy: "always"}, wantErr: `"always" is not keep or recreate`},
 		{name: "url without sum", ann: map[string]string{AnnotationDiskURL: "http://a/b"}, wantErr: "vmshim.io/disk-url: needs vmshim.io/disk-sha256"},
 		{name: "sum without url", ann: map[string]string{AnnotationDiskSHA256: testSum}, wantErr: "vmshim.io/disk-sha256: is set without vmshim.io/disk-url"},
-		{name: "file url", ann: map[string]string{AnnotationDiskURL: "file:///etc/shadow", AnnotationDiskSHA256: testSum}, wantErr: `scheme "file" is not http or https`},
-		{name: "no host", ann: map[string]string{AnnotationDiskURL: "http:///x", AnnotationDiskSHA256: testSum}, wantErr: "has no host"},
+		{name: "file url", ann: map[string]string{AnnotationDiskURL: "file:///etc/shadow", AnnotationDiskSHA256: testSum}, wantErr: "scheme must be http or https"},
+		{name: "no host", ann: map[string]string{AnnotationDiskURL: "http:///x", AnnotationDiskSHA256: testSum}, wantErr: "no host"},
 		{name: "fragment", ann: map[string]string{AnnotationDiskURL: "http://a/b#c", AnnotationDiskSHA256: testSum}, wantErr: "has a fragment"},
-		{name: "blank in url", ann: map[string]string{AnnotationDiskURL: "http://a/b c", AnnotationDiskSHA256: testSum}, wantErr: "blanks or control characters"},
-		{name: "long url", ann: map[string]string{AnnotationDiskURL: "http://a/" + strings.Repeat("x", MaxDiskURL), AnnotationDiskSHA256: testSum}, wantErr: "more than 4096"},
-		{name: "short sum", ann: map[string]string{AnnotationDiskURL: "http://a/b", AnnotationDiskSHA256: testSum[:63]}, wantErr: "is not 64 hex digits"},
-		{name: "md5", ann: map[string]string{AnnotationDiskURL: "http://a/b", AnnotationDiskSHA256: "md5:" + testSum}, wantErr: "is not 64 hex digits"},
+		{name: "blank in url", ann: map[string]string{AnnotationDiskURL: "http://a/b c", AnnotationDiskSHA256: testSum}, wantErr: "has a space or control character"},
+		{name: "long url", ann: map[string]string{AnnotationDiskURL: "http://a/" + strings.Repeat("x", 4096), AnnotationDiskSHA256: testSum}, wantErr: "longer than 4096 bytes"},
+		{name: "short sum", ann: map[string]string{AnnotationDiskURL: "http://a/b", AnnotationDiskSHA256: testSum[:63]}, wantErr: "want 64 hex digits"},
+		{name: "md5", ann: map[string]string{AnnotationDiskURL: "http://a/b", AnnotationDiskSHA256: "md5:" + testSum}, wantErr: "want 64 hex digits"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

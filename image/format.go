@@ -66,3 +66,14 @@ func detectFile(f *os.File) (string, error) {
 	}
 	return detectFormat(header[:n])
 }
+
+// DiskBoot describes a VM disk that is not in the image (one fetched by
+// URL): f, open read-only, named name in messages, its format read from
+// its header like a disk in an image. The Boot owns f.
+func DiskBoot(f *os.File, name string) (*Boot, error) {
+	format, err := detectFile(f)
+	if err != nil {
+		return nil, invalidf("disk %s: %v", name, err)
+	}
+	return &Boot{Disk: name, Format: format, DiskFile: f}, nil
+}

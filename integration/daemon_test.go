@@ -68,6 +68,15 @@ const criConfig = `[plugins."io.containerd.cri.v1.images".pinned_images]
       ConfigPath = %q
 `
 
+// testCacheMax is the disk cache cap of test daemons.
+const testCacheMax = "256Mi"
+
+// shimConfig is the part of every shim config of the daemon that keeps
+// its shims' files in its directory: the cache of disks fetched by URL.
+func (d *daemon) shimConfig() string {
+	return fmt.Sprintf("cache_dir = %q\ncache_max_size = %q\n", filepath.Join(d.dir, "disks"), testCacheMax)
+}
+
 // noJailHandler is a runtime handler whose shim config turns the jail off,
 // for the benchmark's comparison only.
 const noJailHandler = "vm-nojail"
@@ -131,15 +140,18 @@ func startDaemon(containerdDir, shimDir string, opts daemonOptions) (_ *daemon, 
 			return nil, err
 		}
 		noJail, tight := filepath.Join(dir, "nojail.toml"), filepath.Join(dir, "tight.toml")
-		if err := os.WriteFile(noJail, []byte("jail = false\n"), 0o644); err != nil {
+		if err := os.WriteFile(noJail, []byte(d.shimConfig()+"jail = false\n"), 0o644); err != nil {
 			return nil, err
 		}
-		if err := os.WriteFile(tight, []byte(tightConfig), 0o644); err != nil {
+		if err := os.WriteFile(tight, []byte(d.shimConfig()+tightConfig), 0o644); err != nil {
 			return nil, err
 		}
 		body += fmt.Sprintf(criConfig, pauseImage, cniDir, noJail, tight)
 	}
 	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "shim.toml"), []byte(d.shimConfig()), 0o644); err != nil {
 		return nil, err
 	}
 	if out, err := exec.Command("ip", "netns", "add", d.netns).CombinedOutput(); err != nil {
@@ -172,7 +184,8 @@ func (d *daemon) start() error {
 	defer logf.Close()
 	// nsenter, not `ip netns exec`, which remounts /sys and hides cgroups.
 	d.cmd = exec.Command("nsenter", "--net=/run/netns/"+d.netns, "--", d.containerdBin, "--config", d.config)
-	d.cmd.Env = append(os.Environ(), "PATH="+d.shimDir+":"+os.Getenv("PATH"))
+	// The shims it starts read shim.toml unless a handler names another.
+	d.cmd.Env = append(os.Environ(), "PATH="+d.shimDir+":"+os.Getenv("PATH"), "VMSHIM_CONFIG="+filepath.Join(d.dir, "shim.toml"))
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {

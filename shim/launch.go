@@ -208,6 +208,12 @@ func (c *launch) rootfs(context.Context) error {
 			return fmt.Errorf("mount rootfs: %w", err)
 		}
 	}
+	if c.desc.DiskURL != "" {
+		// The disk comes from the URL (see fetchDisk); the image need
+		// hold none, and a pointer to another is not read.
+		c.boot = &image.Boot{Root: c.rootDir, URL: c.desc.DiskURL, SHA256: c.desc.DiskSHA256}
+		return nil
+	}
 	var err error
 	c.boot, err = image.Find(c.rootDir)
 	return err

@@ -7,6 +7,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/vmshim/vmshim/config"
+	"github.com/vmshim/vmshim/diskcache"
 	"github.com/vmshim/vmshim/image"
 	"github.com/vmshim/vmshim/qemu"
 	"github.com/vmshim/vmshim/rootdisk"
@@ -16,6 +17,11 @@ import (
 // overlay over the image's disk made anew each boot, or the disk kept on
 // the volume the pod names. A kernel boot takes the kernel and initrd.
 func (c *launch) disks(ctx context.Context) error {
+	if c.boot.URL != "" {
+		if err := c.fetchDisk(ctx); err != nil {
+			return err
+		}
+	}
 	if c.boot.Disk == "" {
 		if c.desc.RootVolume != nil {
 			return fmt.Errorf("annotation %s: the image boots a kernel; it has no disk to keep on a volume: %w",
@@ -73,6 +79,38 @@ func (c *launch) keptDisk(ctx context.Context, info *image.Info) error {
 		ID: "root", Path: c.fdSet(c.keep(d.File)), Format: qemu.FormatQCOW2,
 		Driver: c.desc.DiskDriver, BootIndex: 1,
 	})
+	return nil
+}
+
+// fetchDisk gets the disk the annotations or a pointer image name by URL
+// from the node's disk cache, downloading it first if need be, and boots
+// from it as from a disk in the image. The cache marks it in use for as
+// long as a copy of its file is open, QEMU's among them: nothing to undo.
+func (c *launch) fetchDisk(ctx context.Context) error {
+	u, err := diskcache.ParseURL(c.boot.URL)
+	if err != nil {
+		return err
+	}
+	digest, err := diskcache.ParseDigest(c.boot.SHA256)
+	if err != nil {
+		return err
+	}
+	client, err := diskcache.NewClient(c.cfg.CAFile)
+	if err != nil {
+		return fmt.Errorf("config ca_file: %w", err)
+	}
+	cache := &diskcache.Cache{Dir: c.cfg.CacheDir, MaxSize: c.cfg.CacheMaxBytes(), MaxDisk: c.cfg.MaxDiskBytes(), Client: client, Logger: c.logger}
+	d, err := cache.Get(ctx, u, digest, c.log)
+	if err != nil {
+		return err
+	}
+	b, err := image.DiskBoot(d.File, u.Redacted())
+	if err != nil {
+		d.Close()
+		return err
+	}
+	c.boot.Close()
+	c.boot = b
 	return nil
 }
 

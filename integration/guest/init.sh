@@ -145,8 +145,9 @@ count_boots() {
 	disk=${part%1}
 	n=$(dd if="$disk" bs=512 skip=100 count=1 2>/dev/null | tr -dc 0-9 | head -c 9)
 	echo "VMSHIM-DISK-BOOTS ${n:-0}"
-	printf '%-511s\n' "$((${n:-0} + 1))" | dd of="$disk" bs=512 seek=100 count=1 conv=notrunc 2>/dev/null
-	sync
+	# fsync, not sync: only an fsync of the device flushes its write
+	# cache, which holds QEMU's qcow2 metadata of the write.
+	printf '%-511s\n' "$((${n:-0} + 1))" | dd of="$disk" bs=512 seek=100 count=1 conv=notrunc,fsync 2>/dev/null
 }
 
 # arm_power_button starts one reader per "Power Button" input device. Each
