@@ -1,0 +1,289 @@
+package integration
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+const (
+	annotationDiskURL    = "vmshim.io/disk-url"
+	annotationDiskSHA256 = "vmshim.io/disk-sha256"
+)
+
+// diskServer serves disk files over HTTP inside the suite's network
+// namespace, where containerd and its shims run, and keeps a log of what
+// it was asked and what it sent.
+type diskServer struct {
+	addr  string
+	files map[string][]byte
+
+	mu   sync.Mutex
+	log  []served
+	drop map[string]bool // paths whose next response is cut off halfway
+}
+
+// served is one response of a diskServer.
+type served struct {
+	path, rng string
+	sent      int  // body bytes written
+	full      bool // the whole file, from its first byte
+}
+
+// startDiskServer serves files (path → content) until the test ends.
+func startDiskServer(t *testing.T, files map[string][]byte) *diskServer {
+	t.Helper()
+	s := &diskServer{files: files, drop: map[string]bool{}}
+	var ln net.Listener
+	if err := inNetns("/run/netns/"+env.daemon.netns, func() (err error) {
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s.addr = ln.Addr().String()
+	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return s
+}
+
+func (s *diskServer) url(path string) string { return "http://" + s.addr + path }
+
+// ServeHTTP serves a file with Range support (http.ServeContent), or cuts
+// the connection after half of it when the path is marked to drop.
+func (s *diskServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, ok := s.files[r.URL.Path]
+	if !ok {
+		http.NotFound(w, r)
+		return
+	}
+	s.mu.Lock()
+	drop := s.drop[r.URL.Path]
+	delete(s.drop, r.URL.Path)
+	s.mu.Unlock()
+	cw := &countingWriter{ResponseWriter: w}
+	if drop {
+		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+		w.Header().Set("ETag", `"`+digestOf(body)[:16]+`"`)
+		w.WriteHeader(http.StatusOK)
+		cw.Write(body[:len(body)/2])
+		w.(http.Flusher).Flush()
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+	} else {
+		w.Header().Set("ETag", `"`+digestOf(body)[:16]+`"`)
+		http.ServeContent(cw, r, "", time.Time{}, bytes.NewReader(body))
+	}
+	s.mu.Lock()
+	s.log = append(s.log, served{path: r.URL.Path, rng: r.Header.Get("Range"), sent: cw.n, full: r.Header.Get("Range") == "" && cw.n == len(body)})
+	s.mu.Unlock()
+}
+
+// requests returns what the server served for path.
+func (s *diskServer) requests(path string) []served {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []served
+	for _, r := range s.log {
+		if r.path == path {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+type countingWriter struct {
+	http.ResponseWriter
+	n int
+}
+
+func (c *countingWriter) Write(b []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(b)
+	c.n += n
+	return n, err
+}
+
+func digestOf(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// bootDiskFile is the test guest's bootable disk (disk:wait's), as a file a
+// server can publish.
+func bootDiskFile(t *testing.T) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(env.guestDir, "disk-wait.qcow2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// urlPod runs a pod whose VM boots the disk at url: its image is the
+// pause image, which holds no disk.
+func urlPod(ctx context.Context, t *testing.T, c *cri, name, url, sum string) (*pod, *criContainer, error) {
+	t.Helper()
+	p := c.runPod(ctx, t, name)
+	cfg := &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: "vm"}, Image: &runtimeapi.ImageSpec{Image: pauseImage}, LogPath: "vm.log",
+		Annotations: map[string]string{annotationDiskURL: url, annotationDiskSHA256: sum},
+	}
+	created, err := c.runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: p.id, Config: cfg, SandboxConfig: p.config})
+	if err != nil {
+		return p, nil, err
+	}
+	vm := &criContainer{p: p, id: created.ContainerId, log: filepath.Join(p.config.LogDirectory, cfg.LogPath)}
+	_, err = c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: vm.id})
+	return p, vm, err
+}
+
+// TestDiskURLOneDownload starts five pods at once that boot the same disk
+// by URL, from an image with no disk: all boot, and the server sent the
+// disk once.
+func TestDiskURLOneDownload(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*bootTimeout)
+	defer cancel()
+	disk := bootDiskFile(t)
+	s := startDiskServer(t, map[string][]byte{"/disk.qcow2": disk})
+	c := newCRI(t, env.daemon)
+	const n = 5
+	vms := make([]*criContainer, n)
+	pods := make([]*pod, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, vm, err := urlPod(ctx, t, c, fmt.Sprintf("diskurl-%d", i), s.url("/disk.qcow2"), digestOf(disk))
+			pods[i], vms[i] = p, vm
+			if err != nil {
+				t.Errorf("pod %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	for i, vm := range vms {
+		if vm != nil {
+			vm.waitLog(ctx, t, markerBooted)
+			t.Logf("pod %d booted", i)
+		}
+	}
+	reqs := s.requests("/disk.qcow2")
+	full := 0
+	for _, r := range reqs {
+		if r.full {
+			full++
+		}
+	}
+	t.Logf("server log: %+v", reqs)
+	if full != 1 || len(reqs) != 1 {
+		t.Errorf("the server sent the disk %d times in %d requests, want once", full, len(reqs))
+	}
+	if line, ok := findLogLine(vms[0].log, "vmshim: "); !ok {
+		t.Errorf("no download line in the first pod's log")
+	} else {
+		t.Logf("log: %s", line)
+	}
+	for i, p := range pods {
+		if p != nil {
+			p.remove(t)
+			if vms[i] != nil {
+				assertNothingLeftCRI(t, vms[i].id)
+			}
+		}
+	}
+}
+
+// TestDiskURLResume: the server cuts the first response off halfway; the
+// download resumes with a Range request and the pod boots. The disk is
+// served gzip-compressed, so it is another digest than other tests'.
+func TestDiskURLResume(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
+	defer cancel()
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write(bootDiskFile(t))
+	zw.Close()
+	s := startDiskServer(t, map[string][]byte{"/disk.qcow2.gz": gz.Bytes()})
+	s.drop["/disk.qcow2.gz"] = true
+	c := newCRI(t, env.daemon)
+	p, vm, err := urlPod(ctx, t, c, "diskurl-resume", s.url("/disk.qcow2.gz"), "sha256:"+digestOf(gz.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm.waitLog(ctx, t, markerBooted)
+	reqs := s.requests("/disk.qcow2.gz")
+	t.Logf("server log: %+v", reqs)
+	if len(reqs) < 2 || reqs[0].full || !strings.HasPrefix(reqs[1].rng, "bytes=") {
+		t.Errorf("want a cut-off response, then a Range request; server log %+v", reqs)
+	}
+	if line, ok := findLogLine(vm.log, "resum"); !ok {
+		t.Errorf("the container's log does not say the download resumed")
+	} else {
+		t.Logf("log: %s", line)
+	}
+	p.remove(t)
+	assertNothingLeftCRI(t, vm.id)
+}
+
+// TestDiskURLRefused: a wrong digest fails the create with one line that
+// gives both digests, an HTTP error with one naming the status; neither
+// leaves anything, in the cache either.
+func TestDiskURLRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+	defer cancel()
+	body := []byte("not the disk you are looking for")
+	s := startDiskServer(t, map[string][]byte{"/wrong.img": body})
+	wrong := strings.Repeat("ab", 32)
+	c := newCRI(t, env.daemon)
+	for _, tc := range []struct {
+		name, url, sum string
+		want           []string
+	}{
+		{"digest", s.url("/wrong.img"), wrong, []string{s.url("/wrong.img"), "sha256 is " + digestOf(body), "want " + wrong}},
+		{"missing", s.url("/missing.img"), wrong, []string{s.url("/missing.img"), "HTTP 404"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, vm, err := urlPod(ctx, t, c, "diskurl-"+tc.name, tc.url, tc.sum)
+			if err == nil {
+				t.Fatalf("a VM started")
+			}
+			t.Logf("refused: %v", err)
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) || strings.Contains(err.Error(), "\n") {
+					t.Errorf("want one line containing %q", w)
+				}
+			}
+			if vm != nil {
+				c.runtime.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: vm.id})
+			}
+			p.remove(t)
+			if vm != nil {
+				assertNothingLeftCRI(t, vm.id)
+			}
+		})
+	}
+	for _, d := range []string{"sha256", "tmp"} {
+		entries, _ := os.ReadDir(filepath.Join(env.daemon.dir, "disks", d))
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), wrong) || strings.HasPrefix(e.Name(), digestOf(body)) {
+				t.Errorf("left in the disk cache: %s/%s", d, e.Name())
+			}
+		}
+	}
+}
