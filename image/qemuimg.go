@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
 
 	"github.com/vmshim/vmshim/jail"
 	"github.com/vmshim/vmshim/thread"
@@ -45,6 +47,8 @@ type QEMUImg struct {
 	Path    string     // qemu-img, an absolute path (under /usr with a Jail)
 	Prlimit string     // prlimit, an absolute path (under /usr with a Jail)
 	Jail    *jail.Jail // nil runs qemu-img as the shim's user, in its mount namespace
+
+	stdout io.Writer // also gets qemu-img's stdout as it comes (progress), when set
 }
 
 // result is the outcome of one qemu-img run that started and exited.
@@ -60,6 +64,9 @@ type imgFile struct {
 	label string // what messages call it ("/disk/disk.qcow2")
 	f     *os.File
 	rw    bool
+	// device says f is a block device, which a jail cannot bind (its
+	// binds are nodev): the jail gets a node of its own for it instead.
+	device bool
 }
 
 // run runs qemu-img with args, in which each "@NAME" names the file of
@@ -76,15 +83,25 @@ func (q QEMUImg) run(ctx context.Context, files []imgFile, groups []uint32, args
 	var binds []jail.Bind
 	var extra []*os.File
 	paths := map[string]string{}
+	var devices []jail.Device
 	for _, f := range files {
-		if q.Jail != nil {
+		switch {
+		case q.Jail != nil && f.device:
+			var st unix.Stat_t
+			if err := unix.Fstat(int(f.f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
+				return result{}, preconditionf("%s is not a block device", f.label)
+			}
+			d := jail.Device{Path: "/dev/" + f.name, Major: unix.Major(st.Rdev), Minor: unix.Minor(st.Rdev), Block: true}
+			devices = append(devices, d)
+			paths["@"+f.name] = d.Path
+		case q.Jail != nil:
 			target := jail.VMDir + "/" + f.name
 			binds = append(binds, jail.Bind{Target: target, File: f.f, ReadOnly: !f.rw})
 			paths["@"+f.name] = target
-			continue
+		default:
+			extra = append(extra, f.f)
+			paths["@"+f.name] = "/dev/fd/" + strconv.Itoa(2+len(extra))
 		}
-		extra = append(extra, f.f)
-		paths["@"+f.name] = "/dev/fd/" + strconv.Itoa(2+len(extra))
 	}
 	for _, a := range args {
 		if p, ok := paths[a]; ok {
@@ -94,6 +111,9 @@ func (q QEMUImg) run(ctx context.Context, files []imgFile, groups []uint32, args
 	}
 	cmd := exec.CommandContext(ctx, q.Prlimit, argv...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if q.stdout != nil {
+		cmd.Stdout = io.MultiWriter(&stdout, q.stdout)
+	}
 	cmd.WaitDelay = 5 * time.Second
 	cmd.ExtraFiles = extra
 	log.G(ctx).WithField("args", args).Debug("running qemu-img")
@@ -101,6 +121,7 @@ func (q QEMUImg) run(ctx context.Context, files []imgFile, groups []uint32, args
 	if q.Jail != nil {
 		j := *q.Jail
 		j.Binds = append(append([]jail.Bind(nil), j.Binds...), binds...)
+		j.Devices = append(append([]jail.Device(nil), j.Devices...), devices...)
 		j.Groups = append(append([]uint32(nil), j.Groups...), groups...)
 		j.Apply(cmd)
 		if err = thread.Fork(cmd, j.Enter); err == nil {

@@ -56,8 +56,9 @@ type Jail struct {
 	Groups   []uint32
 	// Binds are files and directories bound into the jail.
 	Binds []Bind
-	// Devices are character device nodes made in the jail besides the
-	// base ones, owned by UID:GID, mode 0600 (/dev/kvm, VFIO groups).
+	// Devices are device nodes made in the jail besides the base ones,
+	// owned by UID:GID, mode 0600 (/dev/kvm, VFIO groups, a block volume
+	// qemu-img writes a disk onto).
 	Devices []Device
 	// Sysfs shows the host's /sys, read-only (VFIO needs it).
 	Sysfs bool
@@ -75,10 +76,11 @@ type Bind struct {
 	ReadOnly bool
 }
 
-// Device is a character device node in the jail.
+// Device is a device node in the jail.
 type Device struct {
 	Path         string // absolute path in the jail, under /dev
 	Major, Minor uint32
+	Block        bool // a block device; else a character device
 }
 
 // Validate checks the jail's description; the error names the first bad field.
@@ -269,14 +271,18 @@ func (j *Jail) system(dir string) error {
 	return bindMount(dir, target, true, true)
 }
 
-// mknod makes a character device node in the jail, owned by the jail's
-// ids when owned.
+// mknod makes a device node in the jail, owned by the jail's ids when
+// owned.
 func (j *Jail) mknod(d Device, mode uint32, owned bool) error {
 	p := filepath.Join(j.Root, d.Path)
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return err
 	}
-	if err := unix.Mknod(p, unix.S_IFCHR|mode, int(unix.Mkdev(d.Major, d.Minor))); err != nil {
+	kind := uint32(unix.S_IFCHR)
+	if d.Block {
+		kind = unix.S_IFBLK
+	}
+	if err := unix.Mknod(p, kind|mode, int(unix.Mkdev(d.Major, d.Minor))); err != nil {
 		return fmt.Errorf("mknod %s: %w", d.Path, err)
 	}
 	// The umask may have taken bits away.

@@ -202,6 +202,7 @@ func driveArgs(drives []Drive) []string {
 func blockdevArgs(d Drive) []string {
 	var args []string
 	top := formatNode(DiskNode(d.ID), FileNode(d.ID), d.Format, d.ReadOnly)
+	top.Size = d.Size
 	if d.BackingPath != "" {
 		base := formatNode(BaseNode(d.ID), BaseFileNode(d.ID), d.BackingFormat, true)
 		args = append(args,
@@ -225,6 +226,7 @@ type blockdev struct {
 	Backing  json.RawMessage `json:"backing,omitempty"`
 	ReadOnly bool            `json:"read-only,omitempty"`
 	Discard  string          `json:"discard,omitempty"`
+	Size     int64           `json:"size,omitempty"` // raw only: the guest sees this much of the file
 }
 
 // String renders the node as one-line JSON.

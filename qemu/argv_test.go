@@ -177,6 +177,17 @@ func TestBuildArgs(t *testing.T) {
 			},
 		},
 		{
+			name: "host block device cut to a size",
+			modify: func(s *Spec) {
+				s.Drives = []Drive{{ID: "root", Path: "/dev/fdset/0", Format: "raw", HostDevice: true, Size: 66060288, BootIndex: 1}}
+			},
+			tail: []string{
+				"-blockdev", `{"driver":"host_device","node-name":"file-root","filename":"/dev/fdset/0","discard":"unmap"}`,
+				"-blockdev", `{"driver":"raw","node-name":"disk-root","file":"file-root","discard":"unmap","size":66060288}`,
+				"-device", "virtio-blk-pci,id=dev-root,drive=disk-root,bootindex=1",
+			},
+		},
+		{
 			name: "shares",
 			modify: func(s *Spec) {
 				s.Shares = []Share{

@@ -76,6 +76,9 @@ type Drive struct {
 	BootIndex     int    // 0 = not a boot device; otherwise bootindex=N
 	Serial        string // optional device serial (defaults to ID for nvme, which needs one)
 	HostDevice    bool   // Path is a host block device, opened with QEMU's host_device driver; Format must be raw
+	// Size, for a raw drive, is how much of its file the guest sees,
+	// from the start; 0 is all of it. A multiple of 512.
+	Size int64
 }
 
 // NIC is one guest network card backed by an already-open tap fd.
@@ -260,6 +263,12 @@ func (d Drive) validate(field string) error {
 	case "", DriverVirtioBlk, DriverVirtioSCSI, DriverNVMe:
 	default:
 		return invalid(field+" driver", "%q is not %s, %s or %s", d.Driver, DriverVirtioBlk, DriverVirtioSCSI, DriverNVMe)
+	}
+	switch {
+	case d.Size < 0 || d.Size%512 != 0:
+		return invalid(field+" size", "%d is not a non-negative multiple of 512", d.Size)
+	case d.Size > 0 && d.Format != FormatRaw:
+		return invalid(field+" size", "only a %s drive can be cut to a size", FormatRaw)
 	}
 	if d.BootIndex < 0 {
 		return invalid(field+" boot index", "%d is negative", d.BootIndex)

@@ -32,6 +32,18 @@ func TestValidateDevices(t *testing.T) {
 		{"host device qcow2", func(s *Spec) {
 			s.Drives = []Drive{{ID: "vol", Path: "/dev/sdb", Format: FormatQCOW2, HostDevice: true}}
 		}, `invalid drive "vol" format`},
+		{"raw cut to a size", func(s *Spec) {
+			s.Drives = []Drive{{ID: "vol", Path: "/dev/sdb", Format: FormatRaw, HostDevice: true, Size: 1 << 20}}
+		}, ""},
+		{"size not of sectors", func(s *Spec) {
+			s.Drives = []Drive{{ID: "vol", Path: "/dev/sdb", Format: FormatRaw, HostDevice: true, Size: 1000}}
+		}, `invalid drive "vol" size`},
+		{"negative size", func(s *Spec) {
+			s.Drives = []Drive{{ID: "vol", Path: "/dev/sdb", Format: FormatRaw, Size: -512}}
+		}, `invalid drive "vol" size`},
+		{"qcow2 cut to a size", func(s *Spec) {
+			s.Drives = []Drive{{ID: "vol", Path: "/a.qcow2", Format: FormatQCOW2, Size: 512}}
+		}, `invalid drive "vol" size`},
 		{"host device relative", func(s *Spec) {
 			s.Drives = []Drive{{ID: "vol", Path: "sdb", Format: FormatRaw, HostDevice: true}}
 		}, `invalid drive "vol" path`},

@@ -71,7 +71,7 @@ func (v volume) readMeta() meta {
 // writeMeta replaces the volume's MetaName.
 func (v volume) writeMeta(m meta) error {
 	const temp = MetaName + ".part"
-	b, err := json.Marshal(m)
+	b, err := marshalMeta(m)
 	if err != nil {
 		return err
 	}
@@ -95,6 +95,15 @@ func (v volume) writeMeta(m meta) error {
 		return fmt.Errorf("root disk volume %s: write %s: %w", v.name, MetaName, err)
 	}
 	return nil
+}
+
+// marshalMeta writes m as one line of JSON, at most maxMeta bytes.
+func marshalMeta(m meta) ([]byte, error) {
+	b, err := json.Marshal(m)
+	if err == nil && len(b) > maxMeta {
+		err = fmt.Errorf("record of %d bytes, more than %d", len(b), maxMeta)
+	}
+	return b, err
 }
 
 // Fingerprint samples an image's disk so that a rebuilt image is told from

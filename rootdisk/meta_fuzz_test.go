@@ -28,3 +28,20 @@ func FuzzParseMeta(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseHeader feeds hostile block volume headers (anyone with the
+// volume writes them): parseHeader never panics and accepts only a
+// well-formed record after the magic line.
+func FuzzParseHeader(f *testing.F) {
+	fp := "sha256:" + strings.Repeat("cd", 32)
+	f.Add([]byte(headerMagic + `{"version":1,"image":"` + fp + `","source":"/disk/a.img"}` + "\n\x00\x00"))
+	f.Add([]byte(headerMagic + `{"version":1,"image":"` + fp + `"}`))
+	f.Add([]byte("VMSHIM-ROOT-DISK v2\n{}\n"))
+	f.Add([]byte(headerMagic + "\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m := parseHeader(b)
+		if m != (meta{}) && (m.Version != 1 || !isFingerprint(m.Image) || !strings.HasPrefix(string(b), headerMagic)) {
+			t.Fatalf("accepted %+v", m)
+		}
+	})
+}

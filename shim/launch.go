@@ -249,7 +249,10 @@ func (c *launch) hostDevices(ctx context.Context) error {
 		return err
 	}
 	for i, b := range devs.Block {
-		f, err := openBlockDevice(b)
+		if v := c.desc.RootVolume; v != nil && v.Block && b.ContainerPath == v.Path {
+			continue // the root disk (see keptDisk)
+		}
+		f, err := openBlockDevice(b, 0)
 		if err != nil {
 			return err
 		}
@@ -268,10 +271,10 @@ func (c *launch) hostDevices(ctx context.Context) error {
 	return nil
 }
 
-// openBlockDevice opens a container's block device with its access and
-// checks the node is the device the spec names.
-func openBlockDevice(b hostdev.BlockDevice) (*os.File, error) {
-	flags := os.O_RDWR
+// openBlockDevice opens a container's block device with its access (and
+// the extra open flags) and checks the node is the device the spec names.
+func openBlockDevice(b hostdev.BlockDevice, extra int) (*os.File, error) {
+	flags := os.O_RDWR | extra
 	if b.ReadOnly {
 		flags = os.O_RDONLY
 	}

@@ -2,12 +2,16 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/diskcache"
+	"github.com/vmshim/vmshim/hostdev"
 	"github.com/vmshim/vmshim/image"
 	"github.com/vmshim/vmshim/qemu"
 	"github.com/vmshim/vmshim/rootdisk"
@@ -61,22 +65,60 @@ func (c *launch) disks(ctx context.Context) error {
 // claim is a lock on the file QEMU holds, and ends with it.
 func (c *launch) keptDisk(ctx context.Context, info *image.Info) error {
 	v := c.desc.RootVolume
-	if v.Block {
-		return fmt.Errorf("annotation %s: %s is a block device; root disks are kept only on filesystem volumes: %w",
-			config.AnnotationRootDiskVolume, v.Path, errdefs.ErrInvalidArgument)
-	}
-	d, err := rootdisk.OnDirectory(ctx, v.HostDir, v.Path, rootdisk.Image{
-		File: c.boot.DiskFile, Format: c.boot.Format, VirtualSize: info.VirtualSize, Name: c.boot.InImage(c.boot.Disk),
-	}, rootdisk.Options{
+	img := rootdisk.Image{File: c.boot.DiskFile, Format: c.boot.Format, VirtualSize: info.VirtualSize, Name: c.boot.InImage(c.boot.Disk)}
+	opts := rootdisk.Options{
 		Size: c.desc.RootDiskSize, Recreate: c.desc.RootDiskPolicy == config.RootDiskRecreate,
 		MaxVirtualSize: c.cfg.MaxDiskBytes(), Img: c.img, Log: c.log,
-	})
+	}
+	if v.Block {
+		return c.keptDiskOnDevice(ctx, img, opts)
+	}
+	d, err := rootdisk.OnDirectory(ctx, v.HostDir, v.Path, img, opts)
 	if err != nil {
 		return err
 	}
 	c.logger.WithField("volume", v.Path).WithField("made", d.Made).Info("root disk kept on a volume")
 	c.qs.Drives = append(c.qs.Drives, qemu.Drive{
 		ID: "root", Path: c.fdSet(c.keep(d.File)), Format: qemu.FormatQCOW2,
+		Driver: c.desc.DiskDriver, BootIndex: 1,
+	})
+	return nil
+}
+
+// keptDiskOnDevice claims the block volume the root disk is kept on, by
+// opening it exclusively (O_EXCL, which lasts as long as QEMU's copy of
+// the file), and writes the image's disk onto it on its first boot. The
+// guest sees all of it but the end, which records what was written.
+func (c *launch) keptDiskOnDevice(ctx context.Context, img rootdisk.Image, opts rootdisk.Options) error {
+	v := c.desc.RootVolume
+	devs, err := hostdev.ResolveDevices(c.spec, sysfsRoot, c.cfg.PrivilegedDevices)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(devs.Block, func(b hostdev.BlockDevice) bool { return b.ContainerPath == v.Path })
+	switch {
+	case i < 0 && devs.Privileged:
+		return fmt.Errorf("root disk volume %s: a privileged container's devices are not given to its VM (config privileged_devices): %w", v.Path, errdefs.ErrFailedPrecondition)
+	case i < 0:
+		return fmt.Errorf("root disk volume %s: the container may not read the device: %w", v.Path, errdefs.ErrInvalidArgument)
+	case devs.Block[i].ReadOnly:
+		return fmt.Errorf("root disk volume %s: the container may not write the device: %w", v.Path, errdefs.ErrInvalidArgument)
+	}
+	f, err := openBlockDevice(devs.Block[i], unix.O_EXCL)
+	if errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("root disk volume %s is in use by another running VM, or mounted: %w", v.Path, errdefs.ErrUnavailable)
+	}
+	if err != nil {
+		return err
+	}
+	c.keep(f)
+	d, err := rootdisk.OnDevice(ctx, f, v.Path, img, opts)
+	if err != nil {
+		return err
+	}
+	c.logger.WithField("volume", v.Path).WithField("made", d.Made).Info("root disk kept on a block volume")
+	c.qs.Drives = append(c.qs.Drives, qemu.Drive{
+		ID: "root", Path: c.fdSet(f), Format: qemu.FormatRaw, HostDevice: true, Size: d.Size,
 		Driver: c.desc.DiskDriver, BootIndex: 1,
 	})
 	return nil
