@@ -158,3 +158,27 @@ func (c *Cache) evictEntry(r *root, e entry) (bool, error) {
 	removed = true
 	return true, l.remove()
 }
+
+// Remove removes the disk of digest (hex, optionally "sha256:") from the
+// cache unless a VM uses it, as when the shim refuses a disk it fetched:
+// a verified download may still be no bootable disk. It reports whether
+// the disk is gone.
+func (c *Cache) Remove(digest string) (bool, error) {
+	hex, err := ParseDigest(digest)
+	if err != nil {
+		return false, err
+	}
+	r, err := openRoot(c.Dir)
+	if err != nil {
+		return false, err
+	}
+	defer r.close()
+	st, err := statAt(r.disks, hex)
+	if errors.Is(err, unix.ENOENT) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return c.evictEntry(r, entry{dir: disksDir, name: hex, hex: hex, size: st.Size})
+}

@@ -132,3 +132,33 @@ func TestEvictNoCap(t *testing.T) {
 		t.Fatalf("Evict without MaxSize touched the directory: %v", err)
 	}
 }
+
+// TestRemove: Remove takes out a disk no one uses, keeps one in use, and
+// finds nothing to do for a disk the cache does not have.
+func TestRemove(t *testing.T) {
+	a, b := pattern(10<<10), pattern(10<<10+1)
+	base := multiFake(t, map[string][]byte{"/a": a, "/b": b})
+	c := testCache(t)
+	diskA, err := c.Get(context.Background(), mustURL(t, base+"/a"), sum(a), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	diskB, err := c.Get(context.Background(), mustURL(t, base+"/b"), sum(b), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	diskB.Close()
+	if gone, err := c.Remove(sum(a)); gone || err != nil || !exists(c, disksDir, sum(a)) {
+		t.Fatalf("Remove(a in use) = %v, %v", gone, err)
+	}
+	if gone, err := c.Remove("sha256:" + sum(b)); !gone || err != nil || exists(c, disksDir, sum(b)) {
+		t.Fatalf("Remove(b) = %v, %v", gone, err)
+	}
+	if gone, err := c.Remove(sum([]byte("never"))); !gone || err != nil {
+		t.Fatalf("Remove(absent) = %v, %v", gone, err)
+	}
+	diskA.Close()
+	if _, err := c.Remove("nope"); err == nil {
+		t.Fatal("Remove(bad digest) succeeded")
+	}
+}

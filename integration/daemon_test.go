@@ -11,6 +11,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // daemon is a private containerd in a network namespace of its own, so
@@ -24,6 +28,7 @@ type daemon struct {
 	shimDir       string
 	config        string
 	logPath       string
+	cri           bool // it serves the CRI
 
 	cmd    *exec.Cmd     // the running containerd, nil when stopped
 	waited chan struct{} // closed when cmd has been reaped
@@ -66,6 +71,11 @@ const criConfig = `[plugins."io.containerd.cri.v1.images".pinned_images]
     container_annotations = ["vmshim.io/*"]
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm-tight.options]
       ConfigPath = %q
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm-smallcache]
+    runtime_type = "io.containerd.vm.v2"
+    container_annotations = ["vmshim.io/*"]
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm-smallcache.options]
+      ConfigPath = %q
 `
 
 // testCacheMax is the disk cache cap of test daemons.
@@ -76,6 +86,17 @@ const testCacheMax = "256Mi"
 func (d *daemon) shimConfig() string {
 	return fmt.Sprintf("cache_dir = %q\ncache_max_size = %q\n", filepath.Join(d.dir, "disks"), testCacheMax)
 }
+
+// smallCacheHandler is a runtime handler whose disk cache (a directory of
+// its own) holds little more than one test disk, so that a second one
+// makes the cache evict.
+const (
+	smallCacheHandler = "vm-smallcache"
+	smallCacheMax     = "12Mi"
+)
+
+// smallCacheDir is the disk cache of smallCacheHandler.
+func (d *daemon) smallCacheDir() string { return filepath.Join(d.dir, "disks-small") }
 
 // noJailHandler is a runtime handler whose shim config turns the jail off,
 // for the benchmark's comparison only.
@@ -146,7 +167,13 @@ func startDaemon(containerdDir, shimDir string, opts daemonOptions) (_ *daemon, 
 		if err := os.WriteFile(tight, []byte(d.shimConfig()+tightConfig), 0o644); err != nil {
 			return nil, err
 		}
-		body += fmt.Sprintf(criConfig, pauseImage, cniDir, noJail, tight)
+		small := filepath.Join(dir, "smallcache.toml")
+		smallConfig := fmt.Sprintf("cache_dir = %q\ncache_max_size = %q\n", d.smallCacheDir(), smallCacheMax)
+		if err := os.WriteFile(small, []byte(smallConfig), 0o644); err != nil {
+			return nil, err
+		}
+		body += fmt.Sprintf(criConfig, pauseImage, cniDir, noJail, tight, small)
+		d.cri = true
 	}
 	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
 		return nil, err
@@ -196,7 +223,7 @@ func (d *daemon) start() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for {
-		if _, err := d.ctr(ctx, "version"); err == nil {
+		if _, err := d.ctr(ctx, "version"); err == nil && d.criReady(ctx) {
 			return nil
 		}
 		select {
@@ -205,6 +232,22 @@ func (d *daemon) start() error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// criReady reports whether the daemon's CRI, if it serves one, answers:
+// after a restart it says "server is not initialized yet" for a while
+// after containerd's own API is up.
+func (d *daemon) criReady(ctx context.Context) bool {
+	if !d.cri {
+		return true
+	}
+	conn, err := grpc.NewClient("unix://"+d.address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	_, err = runtimeapi.NewRuntimeServiceClient(conn).Status(ctx, &runtimeapi.StatusRequest{})
+	return err == nil
 }
 
 // stopProcess ends the containerd process only; shims and their VMs go

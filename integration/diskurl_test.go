@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -138,10 +139,17 @@ func bootDiskFile(t *testing.T) []byte {
 // pause image, which holds no disk.
 func urlPod(ctx context.Context, t *testing.T, c *cri, name, url, sum string) (*pod, *criContainer, error) {
 	t.Helper()
-	p := c.runPod(ctx, t, name)
+	return vmPodOn(ctx, t, c, runtimeHandler, name, pauseImage, map[string]string{annotationDiskURL: url, annotationDiskSHA256: sum})
+}
+
+// vmPodOn runs a pod with the runtime handler, and in it a VM container of
+// image with the annotations; it returns the error of its create or start.
+func vmPodOn(ctx context.Context, t *testing.T, c *cri, handler, name, image string, ann map[string]string) (*pod, *criContainer, error) {
+	t.Helper()
+	p := c.runPodOn(ctx, t, handler, name, 0, nil)
 	cfg := &runtimeapi.ContainerConfig{
-		Metadata: &runtimeapi.ContainerMetadata{Name: "vm"}, Image: &runtimeapi.ImageSpec{Image: pauseImage}, LogPath: "vm.log",
-		Annotations: map[string]string{annotationDiskURL: url, annotationDiskSHA256: sum},
+		Metadata: &runtimeapi.ContainerMetadata{Name: "vm"}, Image: &runtimeapi.ImageSpec{Image: image}, LogPath: "vm.log",
+		Annotations: ann,
 	}
 	created, err := c.runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: p.id, Config: cfg, SandboxConfig: p.config})
 	if err != nil {
@@ -242,13 +250,15 @@ func TestDiskURLResume(t *testing.T) {
 }
 
 // TestDiskURLRefused: a wrong digest fails the create with one line that
-// gives both digests, an HTTP error with one naming the status; neither
-// leaves anything, in the cache either.
+// gives both digests, an HTTP error with one naming the status, a disk
+// that is no safe VM disk with one naming why; none leaves anything, in
+// the cache either.
 func TestDiskURLRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
 	defer cancel()
 	body := []byte("not the disk you are looking for")
-	s := startDiskServer(t, map[string][]byte{"/wrong.img": body})
+	backed := backedDisk(t)
+	s := startDiskServer(t, map[string][]byte{"/wrong.img": body, "/backed.qcow2": backed})
 	wrong := strings.Repeat("ab", 32)
 	c := newCRI(t, env.daemon)
 	for _, tc := range []struct {
@@ -257,6 +267,7 @@ func TestDiskURLRefused(t *testing.T) {
 	}{
 		{"digest", s.url("/wrong.img"), wrong, []string{s.url("/wrong.img"), "sha256 is " + digestOf(body), "want " + wrong}},
 		{"missing", s.url("/missing.img"), wrong, []string{s.url("/missing.img"), "HTTP 404"}},
+		{"unsafe", s.url("/backed.qcow2"), digestOf(backed), []string{s.url("/backed.qcow2"), "backing file"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, vm, err := urlPod(ctx, t, c, "diskurl-"+tc.name, tc.url, tc.sum)
@@ -281,9 +292,113 @@ func TestDiskURLRefused(t *testing.T) {
 	for _, d := range []string{"sha256", "tmp"} {
 		entries, _ := os.ReadDir(filepath.Join(env.daemon.dir, "disks", d))
 		for _, e := range entries {
-			if strings.HasPrefix(e.Name(), wrong) || strings.HasPrefix(e.Name(), digestOf(body)) {
+			if strings.HasPrefix(e.Name(), wrong) || strings.HasPrefix(e.Name(), digestOf(body)) || strings.HasPrefix(e.Name(), digestOf(backed)) {
 				t.Errorf("left in the disk cache: %s/%s", d, e.Name())
 			}
 		}
 	}
+}
+
+// backedDisk is a qcow2 image whose header names a host file as its
+// backing file: a disk no VM may boot.
+func backedDisk(t *testing.T) []byte {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "backed.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-u", "-b", "/etc/shadow", "-F", "raw", p, "1M").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img create: %v: %s", err, out)
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestDiskURLPointerImage boots a pointer image made by vmshim-pack --url:
+// its rootfs holds only /disk/disk.url and /disk/disk.sha256.
+func TestDiskURLPointerImage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
+	defer cancel()
+	disk, err := os.ReadFile(filepath.Join(env.guestDir, "disk-poweroff.qcow2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startDiskServer(t, map[string][]byte{"/poweroff.qcow2": disk})
+	const ref = "localhost/vmshim-test/pointer:poweroff"
+	archive := filepath.Join(t.TempDir(), "pointer.tar")
+	pack := exec.CommandContext(ctx, filepath.Join(env.binDir, "vmshim-pack"), "--url", s.url("/poweroff.qcow2"), "--sha256", digestOf(disk), "--ref", ref, "-o", archive)
+	if out, err := pack.CombinedOutput(); err != nil {
+		t.Fatalf("vmshim-pack: %v: %s", err, out)
+	}
+	if out, err := env.daemon.ctrIn(ctx, criNamespace, "images", "import", archive); err != nil {
+		t.Fatalf("import: %v: %s", err, out)
+	}
+	c := newCRI(t, env.daemon)
+	p, vm, err := vmPodOn(ctx, t, c, runtimeHandler, "diskurl-pointer", ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm.waitLog(ctx, t, "VMSHIM-GUEST-POWEROFF")
+	if st := vm.waitExited(ctx, t); st.ExitCode != 0 {
+		t.Errorf("exit %d, want 0", st.ExitCode)
+	}
+	if reqs := s.requests("/poweroff.qcow2"); len(reqs) != 1 || !reqs[0].full {
+		t.Errorf("server log %+v, want one full download", reqs)
+	}
+	p.remove(t)
+	assertNothingLeftCRI(t, vm.id)
+}
+
+// TestDiskURLEviction: above the cache's cap, a disk a running VM uses
+// stays, and a disk no VM uses any more is removed. The cache holds a
+// little more than one disk; the disks differ (the second is served
+// gzip-compressed, the third is another guest's).
+func TestDiskURLEviction(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*bootTimeout)
+	defer cancel()
+	wait := bootDiskFile(t)
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write(wait)
+	zw.Close()
+	off, err := os.ReadFile(filepath.Join(env.guestDir, "disk-poweroff.qcow2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startDiskServer(t, map[string][]byte{"/a.qcow2": wait, "/b.qcow2.gz": gz.Bytes(), "/c.qcow2": off})
+	c := newCRI(t, env.daemon)
+	cached := func() map[string]bool {
+		entries, _ := os.ReadDir(filepath.Join(env.daemon.smallCacheDir(), "sha256"))
+		m := map[string]bool{}
+		for _, e := range entries {
+			m[e.Name()] = true
+		}
+		return m
+	}
+	boot := func(name, path string, body []byte, marker string) (*pod, *criContainer) {
+		p, vm, err := vmPodOn(ctx, t, c, smallCacheHandler, name, pauseImage, map[string]string{annotationDiskURL: s.url(path), annotationDiskSHA256: digestOf(body)})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		vm.waitLog(ctx, t, marker)
+		return p, vm
+	}
+	a, b, cc := digestOf(wait), digestOf(gz.Bytes()), digestOf(off)
+
+	pa, va := boot("evict-a", "/a.qcow2", wait, markerBooted)
+	pb, vb := boot("evict-b", "/b.qcow2.gz", gz.Bytes(), markerBooted)
+	if got := cached(); !got[a] || !got[b] {
+		t.Errorf("over the cap with both disks in use, the cache holds %v, want both", got)
+	}
+	pa.remove(t)
+	assertNothingLeftCRI(t, va.id)
+	pc, vc := boot("evict-c", "/c.qcow2", off, "VMSHIM-GUEST-POWEROFF")
+	got := cached()
+	t.Logf("cache after the third disk: %v", got)
+	if got[a] || !got[b] || !got[cc] {
+		t.Errorf("the cache holds %v: want the unused first disk (%s) evicted, the second (in use) and the third kept", got, a[:12])
+	}
+	pb.remove(t)
+	pc.remove(t)
+	assertNothingLeftCRI(t, vb.id, vc.id)
 }

@@ -59,6 +59,7 @@ type launch struct {
 	j        *jail.Jail     // nil when config jail is off
 	vfio     []hostdev.Node // the VFIO group nodes QEMU opens
 	vm       *qemuVM
+	fetched  *fetched // the disk fetched by URL, if any
 
 	qs    qemu.Spec
 	fds   qemu.FDSet

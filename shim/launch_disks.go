@@ -36,7 +36,7 @@ func (c *launch) disks(ctx context.Context) error {
 	}
 	info, err := image.Inspect(ctx, c.img, c.boot, image.Limits{MaxVirtualSize: c.cfg.MaxDiskBytes()})
 	if err != nil {
-		return err
+		return c.refuseFetched(err)
 	}
 	if c.desc.RootDiskSize > 0 && c.desc.RootDiskSize < info.VirtualSize {
 		return fmt.Errorf("annotation %s: %d bytes is smaller than the image's disk %s (%d bytes); disks can only grow: %w",
@@ -146,14 +146,36 @@ func (c *launch) fetchDisk(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	c.boot.Close()
+	c.boot = &image.Boot{DiskFile: d.File}
+	c.fetched = &fetched{cache: cache, digest: digest}
 	b, err := image.DiskBoot(d.File, u.Redacted())
 	if err != nil {
-		d.Close()
+		return c.refuseFetched(err)
+	}
+	c.boot = b
+	return nil
+}
+
+// fetched is a disk fetched by URL into the node's cache.
+type fetched struct {
+	cache  *diskcache.Cache
+	digest string
+}
+
+// refuseFetched returns err, the reason the VM cannot boot the disk it
+// fetched, once it has removed the disk from the cache (unless another VM
+// uses it): a refused disk leaves nothing behind.
+func (c *launch) refuseFetched(err error) error {
+	if c.fetched == nil {
 		return err
 	}
 	c.boot.Close()
-	c.boot = b
-	return nil
+	c.boot = &image.Boot{}
+	if _, rerr := c.fetched.cache.Remove(c.fetched.digest); rerr != nil {
+		c.logger.WithError(rerr).Warn("remove a refused disk from the cache")
+	}
+	return err
 }
 
 // log writes a line into the container's log while it is made.
