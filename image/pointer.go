@@ -46,9 +46,10 @@ func ParsePointer(urlText, sumText []byte) (diskURL, sum string, err error) {
 	return diskURL, sum, nil
 }
 
-// parseURL checks the text of PointerURLFile.
-func parseURL(text []byte) (string, error) {
-	const name = "pointer file " + PointerURLFile
+// pointerLine returns the one line of text of the pointer file name, at
+// most MaxPointerFileSize bytes of UTF-8, blanks around it trimmed; want
+// and one say what it should hold, for the errors.
+func pointerLine(name string, text []byte, want, one string) (string, error) {
 	if len(text) > MaxPointerFileSize {
 		return "", invalidf("%s: larger than %d bytes", name, MaxPointerFileSize)
 	}
@@ -58,9 +59,21 @@ func parseURL(text []byte) (string, error) {
 	s := strings.TrimSpace(string(text))
 	switch {
 	case s == "":
-		return "", invalidf("%s: empty; want an http or https URL", name)
+		return "", invalidf("%s: empty; want %s", name, want)
 	case strings.ContainsAny(s, "\r\n"):
-		return "", invalidf("%s: more than one line; want one URL", name)
+		return "", invalidf("%s: more than one line; want %s", name, one)
+	}
+	return s, nil
+}
+
+// parseURL checks the text of PointerURLFile.
+func parseURL(text []byte) (string, error) {
+	const name = "pointer file " + PointerURLFile
+	s, err := pointerLine(name, text, "an http or https URL", "one URL")
+	if err != nil {
+		return "", err
+	}
+	switch {
 	case len(s) > MaxURLLength:
 		return "", invalidf("%s: URL of %d bytes; at most %d are allowed", name, len(s), MaxURLLength)
 	}
@@ -94,18 +107,9 @@ func parseURL(text []byte) (string, error) {
 // in lowercase.
 func parseSHA256(text []byte) (string, error) {
 	const name = "pointer file " + PointerSHA256File
-	if len(text) > MaxPointerFileSize {
-		return "", invalidf("%s: larger than %d bytes", name, MaxPointerFileSize)
-	}
-	if !utf8.Valid(text) {
-		return "", invalidf("%s: not valid UTF-8", name)
-	}
-	s := strings.TrimSpace(string(text))
-	switch {
-	case s == "":
-		return "", invalidf("%s: empty; want a sha256 digest (64 hex digits)", name)
-	case strings.ContainsAny(s, "\r\n"):
-		return "", invalidf("%s: more than one line; want one sha256 digest", name)
+	s, err := pointerLine(name, text, "a sha256 digest (64 hex digits)", "one sha256 digest")
+	if err != nil {
+		return "", err
 	}
 	// sha256sum writes "HEX  name" (or "HEX *name"): the name is ignored.
 	field := strings.Fields(s)[0]

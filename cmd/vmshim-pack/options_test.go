@@ -31,11 +31,7 @@ func TestPackRefusesBadNewOptions(t *testing.T) {
 	kernel := writeTemp(t, "vmlinuz", bzImageHeader())
 	out := filepath.Join(t.TempDir(), "out.tar")
 	ok := packOptions{Disk: disk, Ref: "localhost/a:b", Output: out, GzipLevel: 6, ZstdLevel: 3}
-	tests := []struct {
-		name   string
-		change func(*packOptions)
-		want   string
-	}{
+	tests := []refusal{
 		{"no output and no import", func(o *packOptions) { o.Output = "" }, "-o) or --import"},
 		{"unknown compression", func(o *packOptions) { o.Compression = "xz" }, `compression "xz"`},
 		{"zstd level 0", func(o *packOptions) { o.Compression, o.ZstdLevel = compressionZstd, 0 }, "zstd level 0"},
@@ -45,6 +41,21 @@ func TestPackRefusesBadNewOptions(t *testing.T) {
 		{"packer's label prefix", func(o *packOptions) { o.Labels = map[string]string{"io.vmshim.x": ""} }, "io.vmshim."},
 		{"empty label key", func(o *packOptions) { o.Labels = map[string]string{"": "v"} }, "empty key"},
 	}
+	runRefusals(t, ok, tests)
+}
+
+// refusal is a change to options that pack must refuse with an invalid
+// argument error mentioning want.
+type refusal struct {
+	name   string
+	change func(*packOptions)
+	want   string
+}
+
+// runRefusals runs pack with each change made to ok: each is refused in
+// one line, and nothing is written next to ok's output.
+func runRefusals(t *testing.T, ok packOptions, tests []refusal) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			opts := ok
@@ -53,7 +64,10 @@ func TestPackRefusesBadNewOptions(t *testing.T) {
 			if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want invalid argument mentioning %q", err, tt.want)
 			}
-			assertOnly(t, filepath.Dir(out))
+			if strings.ContainsAny(err.Error(), "\n\r") {
+				t.Errorf("error %q is not one line", err)
+			}
+			assertOnly(t, filepath.Dir(ok.Output))
 		})
 	}
 }

@@ -112,11 +112,7 @@ func TestPackPointerRefused(t *testing.T) {
 	kernel := writeTemp(t, "vmlinuz", bzImageHeader())
 	out := filepath.Join(t.TempDir(), "out.tar")
 	ok := packOptions{URL: "https://example.org/d.qcow2", SHA256: testSum, Ref: "localhost/a:b", Output: out, GzipLevel: 6, ZstdLevel: 3}
-	tests := []struct {
-		name   string
-		change func(*packOptions)
-		want   string
-	}{
+	tests := []refusal{
 		{"ftp URL", func(o *packOptions) { o.URL = "ftp://example.org/d.qcow2" }, `URL scheme "ftp" is not http or https`},
 		{"two-line URL", func(o *packOptions) { o.URL = "https://a.example/d\nhttps://b.example/d" }, "more than one line"},
 		{"URL with a space", func(o *packOptions) { o.URL = "https://example.org/my disk.qcow2" }, "a space at byte 22"},
@@ -132,20 +128,7 @@ func TestPackPointerRefused(t *testing.T) {
 		{"URL without digest", func(o *packOptions) { o.SHA256 = "" }, "--url needs --sha256"},
 		{"digest without URL", func(o *packOptions) { o.URL = "" }, "--sha256 needs --url"},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			opts := ok
-			tt.change(&opts)
-			err := pack(context.Background(), opts)
-			if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("err = %v, want invalid argument mentioning %q", err, tt.want)
-			}
-			if strings.ContainsAny(err.Error(), "\n\r") {
-				t.Errorf("error %q is not one line", err)
-			}
-			assertOnly(t, filepath.Dir(out))
-		})
-	}
+	runRefusals(t, ok, tests)
 }
 
 func TestParseFlagsPointer(t *testing.T) {
