@@ -99,14 +99,18 @@ func BuildArgs(s Spec) ([]string, error) {
 	args := []string{
 		"-name", opts{}.add("guest", s.Name).String(),
 		"-nodefaults", "-no-user-config",
-		"-display", "none",
-		"-machine", MachineType,
 	}
+	args = append(args, displayArgs(s.VNC)...)
+	args = append(args, machineArgs(s.Firmware)...)
 	switch s.Accel {
 	case AccelKVM:
-		args = append(args, "-accel", "kvm", "-cpu", "host")
+		args = append(args, "-accel", "kvm")
 	default:
-		args = append(args, "-accel", "tcg,thread="+tcgThreading+",tb-size="+strconv.Itoa(TCGCacheMiB), "-cpu", "max")
+		args = append(args, "-accel", "tcg,thread="+tcgThreading+",tb-size="+strconv.Itoa(TCGCacheMiB))
+	}
+	args = append(args, cpuArgs(s.Accel, s.Windows)...)
+	if s.Windows {
+		args = append(args, "-rtc", "base=localtime")
 	}
 	args = append(args,
 		"-smp", strconv.Itoa(s.CPUs),
@@ -118,6 +122,7 @@ func BuildArgs(s Spec) ([]string, error) {
 	for _, a := range s.FDSets {
 		args = append(args, "-add-fd", fmt.Sprintf("fd=%d,set=%d", a.FD, a.Set))
 	}
+	args = append(args, firmwareArgs(s.Firmware)...)
 	if s.ConsoleFD != 0 {
 		args = append(args,
 			"-chardev", fmt.Sprintf("socket,id=%s,fd=%d", ConsoleChardev, s.ConsoleFD),
@@ -177,18 +182,17 @@ func listenChardev(id, path string, fd int) string {
 // driveArgs renders the block nodes and devices for validated drives.
 func driveArgs(drives []Drive) []string {
 	var args []string
-	scsi := false
+	made := map[string]bool{}
+	on := map[string]int{} // drives so far on each controller
 	for _, d := range drives {
 		args = append(args, blockdevArgs(d)...)
 		driver := d.Driver
 		if driver == "" {
 			driver = DriverVirtioBlk
 		}
-		if driver == DriverVirtioSCSI && !scsi {
-			args = append(args, "-device", "virtio-scsi-pci,id="+SCSIController)
-			scsi = true
-		}
-		args = append(args, "-device", deviceOpts(d, driver).String())
+		args = append(args, controllerArgs(driver, made)...)
+		args = append(args, "-device", deviceOpts(d, driver, on[driver]).String())
+		on[driver]++
 	}
 	return args
 }
@@ -275,12 +279,17 @@ func withAccess(b blockdev, readOnly bool) blockdev {
 	return b
 }
 
-func deviceOpts(d Drive, driver string) opts {
+func deviceOpts(d Drive, driver string, n int) opts {
 	var o opts
 	serial := d.Serial
 	switch driver {
 	case DriverVirtioSCSI:
 		o = opts{"scsi-hd", "bus=" + SCSIController + ".0"}
+		if d.CDROM {
+			o[0] = "scsi-cd"
+		}
+	case DriverSATA, DriverIDE:
+		o = ataOpts(d, driver, n)
 	case DriverNVMe:
 		o = opts{"nvme"}
 		if serial == "" {
@@ -304,7 +313,7 @@ func nicArgs(n NIC) []string {
 	return []string{
 		"-netdev", fmt.Sprintf("tap,id=%s,fd=%d", NetdevID(n.ID), n.TapFD),
 		// romfile= drops the PXE option ROM: VMs never boot from the network.
-		"-device", fmt.Sprintf("virtio-net-pci,id=%s,netdev=%s,mac=%s,romfile=", NICDeviceID(n.ID), NetdevID(n.ID), mac),
+		"-device", fmt.Sprintf("%s,id=%s,netdev=%s,mac=%s,romfile=", nicDevices[n.Model], NICDeviceID(n.ID), NetdevID(n.ID), mac),
 	}
 }
 

@@ -69,6 +69,8 @@ type VM struct {
 
 	ports portTable // the serial ports AddSerialPort added
 
+	vncClients atomic.Int64 // names the fds AddVNCClient passes
+
 	// Written once by the waiter before done is closed; read after done.
 	exitCode int
 	exitAt   time.Time

@@ -76,6 +76,9 @@ type Drive struct {
 	BootIndex     int    // 0 = not a boot device; otherwise bootindex=N
 	Serial        string // optional device serial (defaults to ID for nvme, which needs one)
 	HostDevice    bool   // Path is a host block device, opened with QEMU's host_device driver; Format must be raw
+	// CDROM makes the drive a CD-ROM (read-only raw, on sata, ide or
+	// virtio-scsi): an installer's ISO.
+	CDROM bool
 	// Size, for a raw drive, is how much of its file the guest sees,
 	// from the start; 0 is all of it. A multiple of 512.
 	Size int64
@@ -86,6 +89,7 @@ type NIC struct {
 	ID    string // [a-z0-9-]+
 	TapFD int    // fd number as QEMU sees it (see FDSet)
 	MAC   string // aa:bb:cc:dd:ee:ff
+	Model string // NICVirtio (default when empty), NICE1000, NICE1000E or NICRTL8139
 }
 
 // Share is a host directory exported to the guest over virtio-9p.
@@ -116,6 +120,14 @@ type Spec struct {
 	AgentFD     int    // fd number of the agent socket, listening; 0 = QEMU listens on AgentSocket itself
 	Shares      []Share
 	VFIO        []string // host PCI functions to pass through, as DDDD:BB:DD.F in lower-case hex
+	// Firmware boots UEFI from flash; nil boots SeaBIOS (or the kernel).
+	Firmware *Firmware
+	// VNC gives the VM a display adapter and a VNC server, which takes
+	// only clients handed to it over QMP.
+	VNC bool
+	// Windows applies what Windows guests want: Hyper-V enlightenments
+	// and an RTC in local time.
+	Windows bool
 	// FDSets are inherited fds QEMU files under fd sets (-add-fd); a
 	// drive whose Path is FDSetPath(set) opens the fd of its set whose
 	// access mode matches, so QEMU resolves no path of its own.
@@ -181,6 +193,15 @@ func (s Spec) Validate() error {
 	}
 	if err := validateDrives(s.Drives); err != nil {
 		return err
+	}
+	if err := checkControllers(s.Drives); err != nil {
+		return err
+	}
+	if err := validateFirmware(s.Firmware); err != nil {
+		return err
+	}
+	if s.Firmware != nil && s.Kernel != "" {
+		return invalid("firmware", "a direct kernel boot takes no firmware")
 	}
 	if err := validateNICs(s.NICs); err != nil {
 		return err
@@ -260,9 +281,9 @@ func (d Drive) validate(field string) error {
 		return invalid(field+" backing format", "set without backing path")
 	}
 	switch d.Driver {
-	case "", DriverVirtioBlk, DriverVirtioSCSI, DriverNVMe:
+	case "", DriverVirtioBlk, DriverVirtioSCSI, DriverNVMe, DriverSATA, DriverIDE:
 	default:
-		return invalid(field+" driver", "%q is not %s, %s or %s", d.Driver, DriverVirtioBlk, DriverVirtioSCSI, DriverNVMe)
+		return invalid(field+" driver", "%q is not %s, %s, %s, %s or %s", d.Driver, DriverVirtioBlk, DriverVirtioSCSI, DriverNVMe, DriverSATA, DriverIDE)
 	}
 	switch {
 	case d.Size < 0 || d.Size%512 != 0:
@@ -306,6 +327,9 @@ func validateNICs(nics []NIC) error {
 		fds[n.TapFD] = true
 		if _, err := canonicalMAC(n.MAC); err != nil {
 			return invalid(field+" mac", "%v", err)
+		}
+		if err := checkNICModel(field+" model", n.Model); err != nil {
+			return err
 		}
 	}
 	return nil
