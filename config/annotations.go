@@ -41,7 +41,8 @@ func knownAnnotation(k string) bool {
 	switch k {
 	case AnnotationVCPUs, AnnotationMemory, AnnotationDiskDriver, AnnotationRootDiskSize,
 		AnnotationUserData, AnnotationSSHAuthorizedKeys, AnnotationKernelCmdline, AnnotationNetworkConfig,
-		AnnotationRootDiskVolume, AnnotationRootDiskPolicy, AnnotationDiskURL, AnnotationDiskSHA256:
+		AnnotationRootDiskVolume, AnnotationRootDiskPolicy, AnnotationDiskURL, AnnotationDiskSHA256,
+		AnnotationFirmware, AnnotationGraphics, AnnotationNICModel, AnnotationOS:
 		return true
 	}
 	return false
@@ -67,6 +68,8 @@ type annotations struct {
 	rootDiskPolicy string
 	diskURL        string
 	diskSHA256     string // lowercase hex
+
+	guest guestAnnotations
 }
 
 func annotationErr(key, format string, args ...any) error {
@@ -111,7 +114,7 @@ func parseAnnotations(cfg Config, in map[string]string) (annotations, error) {
 	}
 	if v, ok := in[AnnotationDiskDriver]; ok {
 		if !validDiskDriver(v) {
-			return a, annotationErr(AnnotationDiskDriver, "%q is not one of virtio-blk, virtio-scsi, nvme", v)
+			return a, annotationErr(AnnotationDiskDriver, "%q is not one of virtio-blk, virtio-scsi, nvme, sata, ide", v)
 		}
 		a.diskDriver = v
 	}
@@ -166,7 +169,9 @@ func parseAnnotations(cfg Config, in map[string]string) (annotations, error) {
 	if err := parseDiskAnnotations(in, &a); err != nil {
 		return a, err
 	}
-	return a, nil
+	var err error
+	a.guest, err = parseGuestAnnotations(in)
+	return a, err
 }
 
 // quoteKey returns an annotation key as it is when it is printable UTF-8

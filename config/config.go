@@ -90,6 +90,14 @@ type Config struct {
 	// CAFile, when set, is a PEM file of certificates trusted for https
 	// disk URLs besides the system's.
 	CAFile string `toml:"ca_file"`
+	// UEFICode and UEFIVars are OVMF's code and the template of each VM's
+	// variables store, for vmshim.io/firmware uefi; UEFISecureCode and
+	// UEFISecureVars the same for uefi-secure (Secure Boot, with
+	// Microsoft's and the distributions' keys enrolled).
+	UEFICode       string `toml:"uefi_code"`
+	UEFIVars       string `toml:"uefi_vars"`
+	UEFISecureCode string `toml:"uefi_secure_code"`
+	UEFISecureVars string `toml:"uefi_secure_vars"`
 	// QEMUUser was the one user every QEMU ran as; each VM now has its
 	// own (Jail). Kept only to name it when a config still sets it.
 	QEMUUser string `toml:"qemu_user"`
@@ -126,6 +134,10 @@ func Default() Config {
 		JailIDs:        DefaultJailIDs,
 		CacheDir:       "/var/lib/vmshim/disks",
 		CacheMaxSize:   "50Gi",
+		UEFICode:       "/usr/share/OVMF/OVMF_CODE_4M.fd",
+		UEFIVars:       "/usr/share/OVMF/OVMF_VARS_4M.fd",
+		UEFISecureCode: "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd",
+		UEFISecureVars: "/usr/share/OVMF/OVMF_VARS_4M.ms.fd",
 	}
 }
 
@@ -243,7 +255,7 @@ func (c Config) validate() error {
 		add("max_disk_size", "%q must be greater than zero", c.MaxDiskSize)
 	}
 	if !validDiskDriver(c.DiskDriver) {
-		add("disk_driver", "%q is not one of virtio-blk, virtio-scsi, nvme", c.DiskDriver)
+		add("disk_driver", "%q is not one of virtio-blk, virtio-scsi, nvme, sata, ide", c.DiskDriver)
 	}
 	if msg := checkCmdline(c.KernelCmdline); msg != "" {
 		add("kernel_cmdline", "%s", msg)
@@ -272,6 +284,11 @@ func (c Config) validate() error {
 	}
 	if _, err := parseBytes(c.CacheMaxSize); err != nil {
 		add("cache_max_size", "%v", err)
+	}
+	for key, v := range map[string]string{"uefi_code": c.UEFICode, "uefi_vars": c.UEFIVars, "uefi_secure_code": c.UEFISecureCode, "uefi_secure_vars": c.UEFISecureVars} {
+		if msg := checkDir(v); msg != "" {
+			add(key, "%s", msg)
+		}
 	}
 	if c.CAFile != "" {
 		if msg := checkDir(c.CAFile); msg != "" {
@@ -334,7 +351,7 @@ func checkCmdline(v string) string {
 }
 
 func validDiskDriver(v string) bool {
-	return oneOf(v, DiskDriverVirtioBlk, DiskDriverVirtioSCSI, DiskDriverNVMe)
+	return oneOf(v, DiskDriverVirtioBlk, DiskDriverVirtioSCSI, DiskDriverNVMe, DiskDriverSATA, DiskDriverIDE)
 }
 
 func oneOf(v string, allowed ...string) bool {

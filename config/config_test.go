@@ -33,6 +33,8 @@ func TestDefaultIsValid(t *testing.T) {
 		CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin", "/usr/lib/cni"},
 		Jail: true, JailIDs: "1879048192-1879113727",
 		CacheDir: "/var/lib/vmshim/disks", CacheMaxSize: "50Gi",
+		UEFICode: "/usr/share/OVMF/OVMF_CODE_4M.fd", UEFIVars: "/usr/share/OVMF/OVMF_VARS_4M.fd",
+		UEFISecureCode: "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd", UEFISecureVars: "/usr/share/OVMF/OVMF_VARS_4M.ms.fd",
 	}
 	if !reflect.DeepEqual(d, want) {
 		t.Fatalf("Default() = %+v, want %+v", d, want)
@@ -72,6 +74,10 @@ cni_bin_dirs = ["/srv/cni/bin"]
 cache_dir = "/srv/disks"
 cache_max_size = "5Gi"
 ca_file = "/etc/vmshim/ca.pem"
+uefi_code = "/srv/ovmf/code.fd"
+uefi_vars = "/srv/ovmf/vars.fd"
+uefi_secure_code = "/srv/ovmf/code.secboot.fd"
+uefi_secure_vars = "/srv/ovmf/vars.ms.fd"
 `,
 			want: func(c *Config) {
 				*c = Config{
@@ -82,6 +88,8 @@ ca_file = "/etc/vmshim/ca.pem"
 					CNINetwork: "vm-net_1.0", CNIConfDir: "/srv/cni/conf", CNIBinDirs: []string{"/srv/cni/bin"},
 					Jail: true, JailIDs: DefaultJailIDs,
 					CacheDir: "/srv/disks", CacheMaxSize: "5Gi", CAFile: "/etc/vmshim/ca.pem",
+					UEFICode: "/srv/ovmf/code.fd", UEFIVars: "/srv/ovmf/vars.fd",
+					UEFISecureCode: "/srv/ovmf/code.secboot.fd", UEFISecureVars: "/srv/ovmf/vars.ms.fd",
 				}
 			},
 		},
@@ -110,7 +118,7 @@ ca_file = "/etc/vmshim/ca.pem"
 		{name: "huge max disk", body: `max_disk_size = "100Ei"`, wantErr: `max_disk_size: "100Ei" is too large`},
 		{name: "huge max memory", body: `max_memory = "1e30"`, wantErr: `max_memory: "1e30" is too large`},
 		{name: "zero max disk", body: `max_disk_size = "0"`, wantErr: `max_disk_size: "0" must be greater than zero`},
-		{name: "bad disk driver", body: `disk_driver = "ide"`, wantErr: `disk_driver: "ide" is not one of`},
+		{name: "bad disk driver", body: `disk_driver = "floppy"`, wantErr: `disk_driver: "floppy" is not one of`},
 		{name: "cmdline newline", body: `kernel_cmdline = "a\nb"`, wantErr: "kernel_cmdline: contains a newline"},
 		{name: "cmdline long", body: `kernel_cmdline = "` + strings.Repeat("a", 5000) + `"`, wantErr: "kernel_cmdline: 5000 bytes"},
 		{name: "bad duration", body: `boot_timeout = "soon"`, wantErr: `boot_timeout: "soon" is not a duration`},
@@ -139,6 +147,7 @@ ca_file = "/etc/vmshim/ca.pem"
 		{name: "no cache cap", body: `cache_max_size = "0"`, want: func(c *Config) { c.CacheMaxSize = "0" }},
 		{name: "relative cache dir", body: `cache_dir = "disks"`, wantErr: `cache_dir: "disks" must be an absolute path`},
 		{name: "bad cache size", body: `cache_max_size = "lots"`, wantErr: `cache_max_size:`},
+		{name: "relative uefi code", body: `uefi_code = "OVMF_CODE.fd"`, wantErr: `uefi_code: "OVMF_CODE.fd" must be an absolute path`},
 		{name: "relative ca file", body: `ca_file = "ca.pem"`, wantErr: `ca_file: "ca.pem" must be an absolute path`},
 		{name: "qemu user wrong type", body: `qemu_user = 0`, wantErr: "qemu_user"},
 		{name: "several problems", body: "accel = \"x\"\ndisk_driver = \"y\"", wantErr: `accel: "x" is not one of auto, kvm, tcg; disk_driver: "y"`},

@@ -28,6 +28,13 @@ type VM struct {
 	RootDiskPolicy string // RootDiskKeep or RootDiskRecreate, with a RootVolume
 	DiskURL        string // the VM's disk comes from this URL, not the image
 	DiskSHA256     string // the sha256 of the file at DiskURL, lowercase hex
+
+	// Firmware is FirmwareBIOS, FirmwareUEFI or FirmwareUEFISecure from
+	// the annotation; "" leaves it to the image (its label), else BIOS.
+	Firmware string
+	VNC      bool   // vmshim.io/graphics vnc
+	NICModel string // NICVirtio (also when ""), NICE1000, NICE1000E or NICRTL8139
+	Windows  bool   // vmshim.io/os windows
 }
 
 // Resolve combines cfg, the vmshim.io/* annotations and the resource limits of
@@ -75,6 +82,7 @@ func Resolve(cfg Config, id string, spec *specs.Spec) (*VM, error) {
 	}
 	vm.MemoryMiB = int(memBytes >> 20)
 	vm.DiskURL, vm.DiskSHA256 = ann.diskURL, ann.diskSHA256
+	resolveGuest(vm, ann)
 	if ann.rootDiskVolume != "" {
 		if vm.RootVolume, err = resolveRootVolume(spec, ann.rootDiskVolume); err != nil {
 			return nil, err
@@ -135,4 +143,21 @@ func resolveMemory(cfg Config, ann annotations, spec *specs.Spec) (int64, error)
 		return 0, invalidf("spec linux.resources.memory.limit: %d bytes is more than %s (max_memory)", limit, cfg.MaxMemory)
 	}
 	return limit, nil
+}
+
+// resolveGuest applies the annotations that fit the VM to its guest. A
+// Windows guest gets what its installer has drivers for, e1000e and SATA,
+// unless the annotations say otherwise.
+func resolveGuest(vm *VM, ann annotations) {
+	g := ann.guest
+	vm.Firmware, vm.VNC = g.firmware, g.graphics == GraphicsVNC
+	if g.os == OSWindows {
+		vm.Windows, vm.NICModel = true, NICE1000E
+		if ann.diskDriver == "" {
+			vm.DiskDriver = DiskDriverSATA
+		}
+	}
+	if g.nicModel != "" {
+		vm.NICModel = g.nicModel
+	}
 }

@@ -124,7 +124,7 @@ func TestResolve(t *testing.T) {
 		// disk
 		{name: "disk driver", spec: newSpec(withAnn(AnnotationDiskDriver, "virtio-scsi")), want: func(v *VM) { v.DiskDriver = "virtio-scsi" }},
 		{name: "disk driver beats config", cfg: func(c *Config) { c.DiskDriver = "nvme" }, spec: newSpec(withAnn(AnnotationDiskDriver, "virtio-blk")), want: func(v *VM) { v.DiskDriver = "virtio-blk" }},
-		{name: "disk driver bad", spec: newSpec(withAnn(AnnotationDiskDriver, "ide")), wantErr: `annotation vmshim.io/disk-driver: "ide" is not one of virtio-blk, virtio-scsi, nvme`},
+		{name: "disk driver bad", spec: newSpec(withAnn(AnnotationDiskDriver, "floppy")), wantErr: `annotation vmshim.io/disk-driver: "floppy" is not one of virtio-blk, virtio-scsi, nvme, sata, ide`},
 		{name: "root disk size", spec: newSpec(withAnn(AnnotationRootDiskSize, "20Gi")), want: func(v *VM) { v.RootDiskSize = 20 << 30 }},
 		{name: "root disk size bad", spec: newSpec(withAnn(AnnotationRootDiskSize, "big")), wantErr: `annotation vmshim.io/root-disk-size: "big" is not a quantity (e.g. 512Mi)`},
 		{name: "root disk size zero", spec: newSpec(withAnn(AnnotationRootDiskSize, "0")), wantErr: `annotation vmshim.io/root-disk-size: "0" must be greater than zero`},
