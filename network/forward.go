@@ -56,7 +56,8 @@ const (
 type forwarder struct {
 	p      *podNS
 	guest  net.IP
-	src    net.IP // the relay's source address; nil: the route's
+	local  map[int]func(*net.TCPConn) // ports served by their handlers, not the guest
+	src    net.IP                     // the relay's source address; nil: the route's
 	logger *logrus.Entry
 	ctx    context.Context // ends dials; cancelled by Close
 	cancel context.CancelFunc
@@ -78,13 +79,13 @@ type forwarder struct {
 // startForwarder makes every TCP connection to the loopback of p, on any
 // port, reach the same port on guest. It stops when ctx is done or Close
 // is called; only Close releases it.
-func startForwarder(ctx context.Context, p *podNS, guest net.IP, logger *logrus.Entry) (_ *forwarder, retErr error) {
+func startForwarder(ctx context.Context, p *podNS, guest net.IP, local map[int]func(*net.TCPConn), logger *logrus.Entry) (_ *forwarder, retErr error) {
 	if guest == nil {
 		return nil, fmt.Errorf("port-forward in netns %s: no guest address: %w", p.path, errdefs.ErrInvalidArgument)
 	}
 	fctx, cancel := context.WithCancel(ctx)
 	f := &forwarder{
-		p: p, guest: guest, logger: logger.WithField("netns", p.path),
+		p: p, guest: guest, local: local, logger: logger.WithField("netns", p.path),
 		ctx: fctx, cancel: cancel, conns: map[*net.TCPConn]struct{}{},
 	}
 	defer func() {
@@ -237,9 +238,14 @@ func (f *forwarder) serve(ln *net.TCPListener) {
 }
 
 // relay connects c, whose local port is the one its client dialled, to the
-// same port on the guest and copies both ways until both are done.
+// same port on the guest and copies both ways until both are done; a port
+// of f.local goes to its handler instead.
 func (f *forwarder) relay(c *net.TCPConn) {
 	port := c.LocalAddr().(*net.TCPAddr).Port
+	if serve := f.local[port]; serve != nil {
+		serve(c)
+		return
+	}
 	logger := f.logger.WithField("port", port)
 	if !f.track(c) {
 		return

@@ -155,7 +155,7 @@ func testLogger() *logrus.Entry {
 
 func startTestForwarder(t *testing.T, e *fwdEnv) *forwarder {
 	t.Helper()
-	f, err := startForwarder(testCtx(t), e.p, e.guestIP, testLogger())
+	f, err := startForwarder(testCtx(t), e.p, e.guestIP, nil, testLogger())
 	if err != nil {
 		t.Fatalf("start forwarder: %v", err)
 	}
@@ -298,7 +298,7 @@ func TestForwarderStopsWithContext(t *testing.T) {
 	e := newFwdEnv(t)
 	e.serveGuest(t, "guest")
 	ctx, cancel := context.WithCancel(context.Background())
-	f, err := startForwarder(ctx, e.p, e.guestIP, testLogger())
+	f, err := startForwarder(ctx, e.p, e.guestIP, nil, testLogger())
 	if err != nil {
 		t.Fatalf("start forwarder: %v", err)
 	}
@@ -325,7 +325,7 @@ func TestForwarderStopsWithContext(t *testing.T) {
 
 func TestStartForwarderNoGuest(t *testing.T) {
 	e := newFwdEnv(t)
-	if _, err := startForwarder(testCtx(t), e.p, nil, testLogger()); err == nil {
+	if _, err := startForwarder(testCtx(t), e.p, nil, nil, testLogger()); err == nil {
 		t.Fatal("started without a guest address")
 	}
 }
@@ -363,5 +363,30 @@ func TestSetupStartsForwarder(t *testing.T) {
 	}
 	if !errors.Is(err, unix.ECONNREFUSED) {
 		t.Errorf("dial after teardown: %v, want connection refused", err)
+	}
+}
+
+// TestForwarderLocalPort: a port the caller serves itself (a VM's VNC
+// server) goes to its handler even when the guest serves it too; other
+// ports still reach the guest.
+func TestForwarderLocalPort(t *testing.T) {
+	setNS := checkNoLeaks(t)
+	e := newFwdEnv(t)
+	setNS(e.pod)
+	guestPort, localPort := e.serveGuest(t, "guest"), e.serveGuest(t, "guest too")
+	local := map[int]func(*net.TCPConn){localPort: func(c *net.TCPConn) {
+		defer c.Close()
+		_, _ = c.Write([]byte("local"))
+	}}
+	f, err := startForwarder(testCtx(t), e.p, e.guestIP, local, testLogger())
+	if err != nil {
+		t.Fatalf("start forwarder: %v", err)
+	}
+	t.Cleanup(func() { _ = f.Close() })
+	if got := e.ask(t, "tcp4", fmt.Sprintf("127.0.0.1:%d", localPort), ""); got != "local" {
+		t.Errorf("port %d served by its handler: reply %q, want %q", localPort, got, "local")
+	}
+	if got := e.ask(t, "tcp4", fmt.Sprintf("127.0.0.1:%d", guestPort), "hi"); got != "guest: hi" {
+		t.Errorf("port %d of the guest: reply %q", guestPort, got)
 	}
 }

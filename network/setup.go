@@ -24,6 +24,10 @@ type Options struct {
 	Hostname   string // offered to the guest (DHCP option 12)
 	ResolvConf string // path of the pod's resolv.conf; "" or a missing file means no DNS options
 	Logger     *logrus.Entry
+	// Local are ports of the netns's loopback that the caller serves
+	// itself (a VM's VNC server) instead of the guest: a port-forwarded
+	// connection to one goes to its handler, which owns it.
+	Local map[int]func(*net.TCPConn)
 }
 
 // NIC is one guest network card.
@@ -39,7 +43,8 @@ type Network struct {
 	p      *podNS
 	state  *State
 	logger *logrus.Entry
-	nics   []NIC // set by Setup, read-only afterwards
+	nics   []NIC                      // set by Setup, read-only afterwards
+	local  map[int]func(*net.TCPConn) // Options.Local
 
 	cancel context.CancelFunc // stops the responders' Serve
 	wg     sync.WaitGroup     // Serve goroutines
@@ -121,7 +126,7 @@ func (pl *Plan) Wire(ctx context.Context) (_ *Network, retErr error) {
 	}
 	pl.used = true
 	srvCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	n := &Network{p: pl.p, state: &pl.pl.state, logger: pl.logger, cancel: cancel}
+	n := &Network{p: pl.p, state: &pl.pl.state, logger: pl.logger, cancel: cancel, local: pl.opts.Local}
 	defer func() {
 		if retErr == nil {
 			return
@@ -155,7 +160,7 @@ func (n *Network) startForwarder(ctx context.Context) {
 		if nic.Lease == nil {
 			continue
 		}
-		f, err := startForwarder(ctx, n.p, nic.Lease.IP, n.logger)
+		f, err := startForwarder(ctx, n.p, nic.Lease.IP, n.local, n.logger)
 		if err != nil {
 			n.logger.WithError(err).Warn("port-forward to the guest will not work: cannot steer the netns's loopback to it with BPF sk_lookup")
 			return
