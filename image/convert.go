@@ -35,17 +35,13 @@ func CopyToQCOW2(ctx context.Context, q QEMUImg, src *os.File, srcFormat, name s
 	if err != nil {
 		return err
 	}
-	files := []imgFile{{name: "dst", label: dst.Name(), f: dst, rw: true}, {name: "src", label: name, f: src}}
-	res, err := q.run(ctx, files[:1], nil, "create", "-q", "-f", FormatQCOW2, "-o", overlayOptions, "@dst", strconv.FormatInt(size, 10))
-	if err == nil && res.code != 0 {
-		err = preconditionf("qemu-img create: %s", message(dropDeleteErrors(res.stderr), ""))
-	}
-	if err != nil {
+	if err := createQCOW2(ctx, q, dst, size); err != nil {
 		return fmt.Errorf("copy %s to %s: %w", name, dst.Name(), err)
 	}
+	files := []imgFile{{name: "dst", label: dst.Name(), f: dst, rw: true}, {name: "src", label: name, f: src}}
 	q.CPUTime = QEMUImgCopyCPUTime
 	// -n: write into the image just made; -W: out of order, the faster way.
-	res, err = q.run(ctx, files, groups, "convert", "-n", "-W", "-f", srcFormat, "-O", FormatQCOW2, "@src", "@dst")
+	res, err := q.run(ctx, files, groups, "convert", "-n", "-W", "-f", srcFormat, "-O", FormatQCOW2, "@src", "@dst")
 	if err == nil && res.code != 0 {
 		err = preconditionf("qemu-img convert: %s", message(res.stderr, ""))
 	}
@@ -53,4 +49,32 @@ func CopyToQCOW2(ctx context.Context, q QEMUImg, src *os.File, srcFormat, name s
 		return fmt.Errorf("copy %s to %s: %w", name, dst.Name(), err)
 	}
 	return dst.Sync()
+}
+
+// CreateEmpty writes an empty qcow2 image of size bytes into f, an empty
+// file open read-write: the disk an installer installs onto.
+func CreateEmpty(ctx context.Context, q QEMUImg, f *os.File, size int64) error {
+	if size <= 0 {
+		return invalidf("empty disk %s: size %d is not positive", f.Name(), size)
+	}
+	if q.Jail != nil {
+		if err := f.Chown(int(q.Jail.UID), int(q.Jail.GID)); err != nil {
+			return fmt.Errorf("empty disk %s: %w", f.Name(), err)
+		}
+	}
+	if err := createQCOW2(ctx, q, f, size); err != nil {
+		return fmt.Errorf("empty disk %s: %w", f.Name(), err)
+	}
+	return nil
+}
+
+// createQCOW2 runs qemu-img create for a standalone qcow2 image of size
+// bytes in dst, which the jail's ids own when jailed.
+func createQCOW2(ctx context.Context, q QEMUImg, dst *os.File, size int64) error {
+	res, err := q.run(ctx, []imgFile{{name: "dst", label: dst.Name(), f: dst, rw: true}}, nil,
+		"create", "-q", "-f", FormatQCOW2, "-o", overlayOptions, "@dst", strconv.FormatInt(size, 10))
+	if err == nil && res.code != 0 {
+		err = preconditionf("qemu-img create: %s", message(dropDeleteErrors(res.stderr), ""))
+	}
+	return err
 }

@@ -19,6 +19,7 @@ const FilesDirName = ".vmshim"
 const (
 	OverlayName = "root.qcow2"
 	SeedName    = "seed.iso"
+	VarsName    = "efivars.fd" // the VM's UEFI variables store
 )
 
 // FilesDir is the VM's files directory, open; every file in it is made

@@ -38,15 +38,19 @@ type Boot struct {
 	// checked for syntax only (ParsePointer); nothing is downloaded.
 	URL, SHA256 string
 
-	// DiskFile, KernelFile and InitrdFile are the files above, open
-	// read-only; nil where the path is "".
-	DiskFile, KernelFile, InitrdFile *os.File
+	// ISO is an installer's ISO image (/disk/*.iso): the VM boots it from
+	// a CD-ROM and installs onto an empty root disk. Disk is then "".
+	ISO string
+
+	// DiskFile, KernelFile, InitrdFile and ISOFile are the files above,
+	// open read-only; nil where the path is "".
+	DiskFile, KernelFile, InitrdFile, ISOFile *os.File
 }
 
 // Close closes the boot files.
 func (b *Boot) Close() error {
 	var errs []error
-	for _, f := range []*os.File{b.DiskFile, b.KernelFile, b.InitrdFile} {
+	for _, f := range []*os.File{b.DiskFile, b.KernelFile, b.InitrdFile, b.ISOFile} {
 		if f != nil {
 			errs = append(errs, f.Close())
 		}
@@ -93,12 +97,31 @@ func Find(rootfs string) (*Boot, error) {
 		case 0:
 			continue
 		case 1:
+			if l.dir == "/disk" && isInstallerISO(found[0]) {
+				return findISO(root, found[0])
+			}
 			return findDisk(root, found[0])
 		default:
 			return nil, invalidf("more than one disk file in image: %s", strings.Join(found, ", "))
 		}
 	}
 	return findKernel(root)
+}
+
+// isInstallerISO reports whether the one file of /disk is an installer's
+// ISO image (*.iso, in any case), which boots from a CD-ROM onto an empty
+// root disk.
+func isInstallerISO(rel string) bool {
+	return strings.HasSuffix(strings.ToLower(rel), ".iso")
+}
+
+// findISO opens the installer ISO at rel.
+func findISO(root, rel string) (*Boot, error) {
+	p, f, err := resolveNonEmpty(root, "installer ISO", rel)
+	if err != nil {
+		return nil, err
+	}
+	return &Boot{ISO: p, ISOFile: f, Root: root}, nil
 }
 
 // findDisk opens the disk at rel and pins its format from the header.

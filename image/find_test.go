@@ -70,6 +70,8 @@ func TestFind(t *testing.T) {
 		}, Boot{Kernel: "/boot/vmlinux-6.1.0-13-amd64", Initrd: "/boot/initrd.img-6.1.0-13-amd64"}},
 		{"vmlinuz and initramfs", map[string]string{"/boot/vmlinuz": "k", "/boot/initramfs.cpio.gz": "i"}, Boot{Kernel: "/boot/vmlinuz", Initrd: "/boot/initramfs.cpio.gz"}},
 		{"bzImage without initrd", map[string]string{"/boot/bzImage": "k"}, Boot{Kernel: "/boot/bzImage"}},
+		{"installer iso", map[string]string{"/disk/debian-12-netinst.ISO": "CD001", "/disk/.keep": ""}, Boot{ISO: "/disk/debian-12-netinst.ISO"}},
+		{"iso at root is not an installer", map[string]string{"/vm.img": raw, "/boot.iso": "CD001"}, Boot{Disk: "/vm.img", Format: "raw"}},
 		{"pointer", map[string]string{"/disk/disk.url": "https://example.org/d.qcow2\n", "/disk/disk.sha256": testSum + "  d.qcow2\n"},
 			Boot{URL: "https://example.org/d.qcow2", SHA256: testSum}},
 		{"pointer with hidden files", map[string]string{"/disk/disk.url": "http://e.org/d", "/disk/disk.sha256": strings.ToUpper(testSum), "/disk/.keep": "", "/disk/.wh..opq": ""},
@@ -90,13 +92,13 @@ func TestFind(t *testing.T) {
 			defer got.Close()
 			want := tc.want
 			want.Root = root
-			for _, p := range []*string{&want.Disk, &want.Kernel, &want.Initrd} {
+			for _, p := range []*string{&want.Disk, &want.Kernel, &want.Initrd, &want.ISO} {
 				if *p != "" {
 					*p = filepath.Join(root, *p)
 				}
 			}
 			names := *got
-			names.DiskFile, names.KernelFile, names.InitrdFile = nil, nil, nil
+			names.DiskFile, names.KernelFile, names.InitrdFile, names.ISOFile = nil, nil, nil, nil
 			if names != want {
 				t.Fatalf("Find() = %+v, want %+v", names, want)
 			}
@@ -113,7 +115,7 @@ func checkBootFiles(t *testing.T, b *Boot) {
 		what string
 		path string
 		f    *os.File
-	}{{"disk", b.Disk, b.DiskFile}, {"kernel", b.Kernel, b.KernelFile}, {"initrd", b.Initrd, b.InitrdFile}} {
+	}{{"disk", b.Disk, b.DiskFile}, {"kernel", b.Kernel, b.KernelFile}, {"initrd", b.Initrd, b.InitrdFile}, {"installer ISO", b.ISO, b.ISOFile}} {
 		if bf.path == "" {
 			if bf.f != nil {
 				t.Errorf("%s: no path but file %s open", bf.what, bf.f.Name())
@@ -173,6 +175,9 @@ func TestFindErrors(t *testing.T) {
 		{"directory at root", map[string]string{"/vm.img/": ""}, "disk /vm.img: not a regular file (directory)", errdefs.IsInvalidArgument},
 		{"kernel is a directory", map[string]string{"/boot/vmlinuz/": ""}, "kernel /boot/vmlinuz: not a regular file (directory)", errdefs.IsInvalidArgument},
 		{"empty disk", map[string]string{"/disk/disk.img": ""}, "disk /disk/disk.img: empty file", errdefs.IsInvalidArgument},
+		{"empty iso", map[string]string{"/disk/install.iso": ""}, "installer ISO /disk/install.iso: empty file", errdefs.IsInvalidArgument},
+		{"iso symlinked out", map[string]string{"/disk/install.iso": "->" + outside + "/outside.img"}, "installer ISO /disk/install.iso: points to " + outside + "/outside.img, which is not in the image", errdefs.IsNotFound},
+		{"iso and a disk", map[string]string{"/disk/install.iso": "CD001", "/disk/vm.qcow2": "q"}, "more than one disk file in image", errdefs.IsInvalidArgument},
 		{"empty kernel", map[string]string{"/boot/vmlinux": ""}, "kernel /boot/vmlinux: empty file", errdefs.IsInvalidArgument},
 		{"empty initrd", map[string]string{"/boot/vmlinux": "k", "/boot/initrd": ""}, "initrd /boot/initrd: empty file", errdefs.IsInvalidArgument},
 		{"vmdk", map[string]string{"/disk/vm.vmdk": "KDMV\x01\x00\x00\x00"}, "disk /disk/vm.vmdk: unsupported disk format vmdk (convert it to qcow2 or raw)", errdefs.IsInvalidArgument},

@@ -105,3 +105,37 @@ func TestOnDeviceCrash(t *testing.T) {
 		t.Fatalf("%+v, %v, device holds %q", d, err, readDevice(t, dev, 2))
 	}
 }
+
+// TestVarsOnDirectory: the UEFI variables store is made from the template
+// on the first boot, kept after that, and a store of another size (another
+// firmware's, or planted) is refused.
+func TestVarsOnDirectory(t *testing.T) {
+	dir := t.TempDir()
+	tpl := filepath.Join(t.TempDir(), "vars.fd")
+	must(t, os.WriteFile(tpl, []byte("template-vars-4k"), 0o644))
+	template, err := os.Open(tpl)
+	must(t, err)
+	defer template.Close()
+	f, err := VarsOnDirectory(dir, "/data", template)
+	must(t, err)
+	if _, err := f.WriteAt([]byte("boot"), 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	f, err = VarsOnDirectory(dir, "/data", template)
+	must(t, err)
+	b := make([]byte, 4)
+	if _, err := f.ReadAt(b, 0); err != nil || string(b) != "boot" {
+		t.Fatalf("kept store holds %q (%v), want what the VM wrote", b, err)
+	}
+	f.Close()
+	must(t, os.WriteFile(filepath.Join(dir, VarsName), []byte("short"), 0o600))
+	if _, err := VarsOnDirectory(dir, "/data", template); err == nil || !strings.Contains(err.Error(), "is not a variables store of this firmware") {
+		t.Fatalf("VarsOnDirectory(other size) = %v", err)
+	}
+	must(t, os.Remove(filepath.Join(dir, VarsName)))
+	must(t, os.Symlink("/etc/shadow", filepath.Join(dir, VarsName)))
+	if _, err := VarsOnDirectory(dir, "/data", template); err == nil {
+		t.Fatal("a symlinked store was opened")
+	}
+}
