@@ -59,7 +59,8 @@ type launch struct {
 	j        *jail.Jail     // nil when config jail is off
 	vfio     []hostdev.Node // the VFIO group nodes QEMU opens
 	vm       *qemuVM
-	fetched  *fetched // the disk fetched by URL, if any
+	fetched  *fetched   // the disk fetched by URL, if any
+	vnc      *vncServer // with vmshim.io/graphics vnc
 
 	qs    qemu.Spec
 	fds   qemu.FDSet
@@ -331,9 +332,12 @@ func (c *launch) network(ctx context.Context) error {
 	if c.nsPath == "" {
 		return nil
 	}
-	pl, err := network.Inspect(ctx, c.nsPath, network.Options{
-		Hostname: hostname(c.spec), ResolvConf: podResolvConf(c.spec), Logger: c.logger,
-	})
+	opts := network.Options{Hostname: hostname(c.spec), ResolvConf: podResolvConf(c.spec), Logger: c.logger}
+	if c.desc.VNC {
+		c.vnc = &vncServer{logger: c.logger}
+		opts.Local = c.vnc.local()
+	}
+	pl, err := network.Inspect(ctx, c.nsPath, opts)
 	if err != nil {
 		return fmt.Errorf("pod network: %w", err)
 	}
@@ -346,7 +350,7 @@ func (c *launch) network(ctx context.Context) error {
 	}
 	c.rec.net = c.netw
 	for i, nic := range c.netw.NICs() {
-		c.qs.NICs = append(c.qs.NICs, qemu.NIC{ID: fmt.Sprintf("net%d", i), TapFD: c.fds.Add(nic.Tap), MAC: nic.MAC.String()})
+		c.qs.NICs = append(c.qs.NICs, qemu.NIC{ID: fmt.Sprintf("net%d", i), TapFD: c.fds.Add(nic.Tap), MAC: nic.MAC.String(), Model: c.desc.NICModel})
 	}
 	return nil
 }
@@ -373,7 +377,7 @@ func (c *launch) seed(context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cloud-init seed: %w", err)
 	}
-	c.qs.Drives = append(c.qs.Drives, qemu.Drive{ID: "seed", Path: c.fdSet(c.keep(ro)), Format: qemu.FormatRaw, ReadOnly: true, Driver: config.DiskDriverVirtioBlk})
+	c.qs.Drives = append(c.qs.Drives, seedDrive(c.fdSet(c.keep(ro)), c.desc.DiskDriver))
 	return nil
 }
 
@@ -457,6 +461,7 @@ func containerGroups(spec *specs.Spec) []uint32 {
 func (c *launch) qemu(ctx context.Context) (err error) {
 	c.qs.Name, c.qs.CPUs, c.qs.MemoryMiB = c.r.ID, c.desc.VCPUs, c.desc.MemoryMiB
 	c.qs.Sandbox, c.qs.Paused = c.cfg.Sandbox, true
+	c.qs.VNC, c.qs.Windows = c.desc.VNC, c.desc.Windows
 	c.qs.QMPSocket = filepath.Join(c.rec.RuntimeDir, "qmp.sock")
 	// Exec runs through qemu-guest-agent; a guest without one simply
 	// never opens the port.
@@ -507,6 +512,9 @@ func (c *launch) qemu(ctx context.Context) (err error) {
 		return err // the rollback stops QEMU
 	}
 	c.vm = &qemuVM{proc: vm, limits: c.limits, console: c.console, rec: c.rec, stderr: stderr, hooks: c.hooks, oom: c.watchOOM()}
+	if c.vnc != nil {
+		c.vnc.vm.Store(vm)
+	}
 	return nil
 }
 

@@ -26,6 +26,9 @@ func (c *launch) disks(ctx context.Context) error {
 			return err
 		}
 	}
+	if c.boot.ISO != "" {
+		return c.installerDisks(ctx)
+	}
 	if c.boot.Disk == "" {
 		if c.desc.RootVolume != nil {
 			return fmt.Errorf("annotation %s: the image boots a kernel; it has no disk to keep on a volume: %w",
@@ -176,6 +179,43 @@ func (c *launch) refuseFetched(err error) error {
 		c.logger.WithError(rerr).Warn("remove a refused disk from the cache")
 	}
 	return err
+}
+
+// installerDiskSize is the empty root disk an installer ISO gets when
+// vmshim.io/root-disk-size does not say.
+const installerDiskSize = 20 << 30
+
+// installerDisks gives an image that holds an installer's ISO an empty
+// root disk and the ISO as a CD-ROM after it in the boot order: the empty
+// disk does not boot, so the installer does, and once it has installed
+// onto the disk, the disk boots. The CD-ROM goes on the disk's controller
+// when that is SATA or IDE, else on SATA, which installers drive.
+func (c *launch) installerDisks(ctx context.Context) error {
+	if c.desc.RootVolume != nil {
+		return fmt.Errorf("annotation %s: an installer ISO installs onto a root disk made anew; keeping it on a volume is not supported: %w",
+			config.AnnotationRootDiskVolume, errdefs.ErrInvalidArgument)
+	}
+	size := c.desc.RootDiskSize
+	if size == 0 {
+		size = installerDiskSize
+	}
+	root, err := c.create(image.OverlayName)
+	if err != nil {
+		return err
+	}
+	if err := image.CreateEmpty(ctx, c.img, root, size); err != nil {
+		return err
+	}
+	cdDriver := c.desc.DiskDriver
+	if cdDriver != config.DiskDriverSATA && cdDriver != config.DiskDriverIDE {
+		cdDriver = config.DiskDriverSATA
+	}
+	c.qs.Drives = append(c.qs.Drives,
+		qemu.Drive{ID: "root", Path: c.fdSet(root), Format: qemu.FormatQCOW2, Driver: c.desc.DiskDriver, BootIndex: 1},
+		qemu.Drive{ID: "installer", Path: c.fdSet(c.boot.ISOFile), Format: qemu.FormatRaw, ReadOnly: true, CDROM: true, Driver: cdDriver, BootIndex: 2},
+	)
+	c.logger.WithField("iso", c.boot.InImage(c.boot.ISO)).WithField("size", size).Info("installer iso with an empty root disk")
+	return nil
 }
 
 // log writes a line into the container's log while it is made.

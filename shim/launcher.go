@@ -79,6 +79,7 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		{"claim pod", c.claimPod},
 		{"rootfs", c.rootfs},
 		{"disks", c.disks},
+		{"firmware", c.firmware},
 		{"host devices", c.hostDevices},
 		{"shares", c.shares},
 		{"network", c.network},
