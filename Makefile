@@ -24,7 +24,7 @@ ETCD_DIR     := $(VMSHIM_CACHE)/tools/etcd-$(ETCD_VERSION)
 KUBE_DIR     := $(VMSHIM_CACHE)/tools/kubernetes-$(KUBE_VERSION)
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: help build install setup guest cloud-guest unit fuzz integration test test-reliability bench demo clean
+.PHONY: help build install setup guest cloud-guest uefi-guest unit fuzz integration test test-reliability bench demo clean
 
 help: ## show this help
 	@awk -F':.*## ' '/^[a-z0-9-]+:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -45,6 +45,9 @@ guest: setup build ## build the test guests from Debian packages (cached)
 
 cloud-guest: guest ## build the Debian cloud-init test guest with debootstrap (cached)
 	VMSHIM_PACK=$(BIN)/vmshim-pack integration/guest/cloud.sh $(GUEST_DIR)
+
+uefi-guest: guest ## build the UEFI, Secure Boot and CD-ROM test guests (cached)
+	VMSHIM_PACK=$(BIN)/vmshim-pack integration/guest/uefi.sh $(GUEST_DIR)
 
 unit: ## run the unit tests under -race (those needing containerd use it once `make setup` built it)
 	$(GO) vet ./...
@@ -86,7 +89,7 @@ IT_ENV := VMSHIM_INTEGRATION=1 VMSHIM_BIN=$(BIN) VMSHIM_CONTAINERD=$(CONTAINERD_
 VMSHIM_CHURN ?= 20
 RELIABILITY := ^(TestChurn|TestFault.*|TestBadInput.*|TestBadImages.*|TestSecurity.*|TestQEMUKilled|TestShimKilled|TestCRIQEMUKilled|TestCRIShimKilled|TestCRIContainerdRestart)$$
 
-integration: guest cloud-guest ## run the integration tests against a real containerd, QEMU and guests
+integration: guest cloud-guest uefi-guest ## run the integration tests against a real containerd, QEMU and guests
 	$(IT_ENV) VMSHIM_GUEST_TEST=1 VMSHIM_GUEST_DIR=$(GUEST_DIR) \
 		$(GO) test -count=1 -timeout 40m -v ./integration/...
 

@@ -239,6 +239,16 @@ build_initrd() {
 	for m in virtio_blk virtio_scsi sd_mod nvme; do
 		add_module "$tree" "$m" "$root/lib/modules" "$root/lib/modules/order"
 	done
+	# Guests without virtio: SATA (ahci, with libahci and libata), IDE
+	# (ata_piix, ata_generic) and CD-ROM (sr_mod, with cdrom) disks; the
+	# e1000, e1000e and RTL8139 NICs (8139cp drives QEMU's rtl8139, a C+
+	# chip; 8139too the older ones).
+	for m in ahci ata_piix ata_generic sr_mod e1000 e1000e 8139cp 8139too; do
+		add_module "$tree" "$m" "$root/lib/modules" "$root/lib/modules/order"
+	done
+	# efivarfs (for init.sh's VMSHIM-EFI) refuses to load without EFI, so
+	# it has its own list, which init.sh reads only on an EFI boot.
+	add_module "$tree" efivarfs "$root/lib/modules" "$root/lib/modules/efi-order"
 	if [ "$flavour" = agent ]; then
 		# virtio_console drives the virtio-serial port qemu-ga talks on.
 		add_module "$tree" virtio_console "$root/lib/modules" "$root/lib/modules/order"

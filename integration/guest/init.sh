@@ -8,6 +8,10 @@
 #                                  when there are none (before BOOTED)
 #   VMSHIM-CMDLINE <cmdline>       the kernel command line, /proc/cmdline (before
 #                                  BOOTED)
+#   VMSHIM-EFI secureboot=<1|0|unknown>
+#                                  on an EFI boot only (none on a BIOS boot):
+#                                  the SecureBoot EFI variable, unknown when it
+#                                  is missing (before BOOTED)
 #   VMSHIM-DISK-BOOTS <n>          on a disk boot, how many boots the boot disk
 #                                  saw before this one (before BOOTED)
 #   VMSHIM-AGENT-STARTED           qemu-ga runs on the virtio-serial port
@@ -65,8 +69,9 @@ power_off() {
 
 # load_modules inserts the modules listed in /lib/modules/order, dependencies
 # first (the ACPI button driver, evdev, the pvpanic driver, the virtio NIC
-# driver and the virtio-blk, virtio-scsi and NVMe disk drivers, unless built
-# in).
+# driver, the virtio-blk, virtio-scsi and NVMe disk drivers, the AHCI, IDE
+# and CD-ROM drivers and the e1000, e1000e and RTL8139 NIC drivers, unless
+# built in).
 load_modules() {
 	[ -f /lib/modules/order ] || return 0
 	while read -r m; do
@@ -76,7 +81,11 @@ load_modules() {
 
 # storage_devices prints the sysfs paths of the PCI devices the disk drivers
 # drive: virtio-blk and virtio-scsi (vendor 0x1af4, transitional and modern
-# device ids) and NVMe controllers (class 0x010802).
+# device ids) and NVMe controllers (class 0x010802). AHCI and IDE
+# controllers are not waited for: libata probes their ports before insmod
+# returns (the kernel waits for a module's async work), so their disks are
+# there already, and q35's own AHCI controller, usually empty, would cost
+# every boot the whole wait.
 storage_devices() {
 	for d in /sys/bus/pci/devices/*; do
 		[ -e "$d/class" ] || continue
@@ -131,11 +140,33 @@ report_disks() {
 	echo "VMSHIM-DISKS${disks:- -}"
 }
 
+# report_efi prints VMSHIM-EFI on an EFI boot (/sys/firmware/efi exists),
+# nothing on a BIOS boot: it loads efivarfs (from its own module list, as
+# it refuses to load without EFI), mounts it and reads the SecureBoot
+# variable of the EFI global variable GUID: 4 bytes of attributes, then
+# the value, 1 when the firmware enforces Secure Boot.
+report_efi() {
+	[ -d /sys/firmware/efi ] || return 0
+	if [ -f /lib/modules/efi-order ]; then
+		while read -r m; do
+			insmod "/lib/modules/$m" || echo "VMSHIM-GUEST-WARNING: insmod $m failed"
+		done </lib/modules/efi-order
+	fi
+	efivars=/sys/firmware/efi/efivars
+	mount -t efivarfs efivarfs "$efivars" 2>/dev/null ||
+		echo "VMSHIM-GUEST-WARNING: cannot mount efivarfs on $efivars"
+	# efivarfs files cannot seek: read the whole variable (5 bytes).
+	# shellcheck disable=SC2046 # one word per byte
+	set -- $(od -An -tu1 "$efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c" 2>/dev/null)
+	echo "VMSHIM-EFI secureboot=${5:-unknown}"
+}
+
 # count_boots prints VMSHIM-DISK-BOOTS: how many boots the boot disk saw
 # before this one, as its sector 100 (in the gap before the partition at
-# 1 MiB) counts them, and counts this one. Only disk boots count (the
-# disk's boot line says vmshim.bootdisk): a disk kept on a volume counts
-# on, an overlay made anew each boot starts from 0.
+# 1 MiB; on a GPT disk, past the partition entries in LBA 2-33) counts
+# them, and counts this one. Only disk boots count (the disk's boot line
+# says vmshim.bootdisk): a disk kept on a volume counts on, an overlay
+# made anew each boot starts from 0.
 count_boots() {
 	grep -q vmshim.bootdisk /proc/cmdline || return 0
 	part=$(findfs LABEL=VMSHIM 2>/dev/null) || {
@@ -344,6 +375,7 @@ load_modules
 wait_disks
 report_disks
 echo "VMSHIM-CMDLINE $(cat /proc/cmdline)"
+report_efi
 count_boots
 arm_power_button
 [ ! -x /usr/sbin/qemu-ga ] || start_agent

@@ -16,6 +16,8 @@ PACKAGES=(
 	busybox-static cpio                # test-guest initramfs
 	syslinux syslinux-common mtools fdisk dosfstools  # bootable test disk, no loop devices
 	xz-utils zstd binutils             # test-guest kernel extraction (xz/zstd, readelf)
+	grub-common xorriso isolinux ovmf  # UEFI and CD-ROM test guests (uefi.sh: grub-mkimage, ISO 9660) and the UEFI firmware
+	gvncviewer                         # gvnccapture: the VNC test's real client
 	debootstrap e2fsprogs debian-archive-keyring  # cloud test guest: Debian root fs, ext4 image without mounts
 	containernetworking-plugins iproute2 iptables     # CNI for pod networking
 	runc                               # the runc pods `make bench` compares with
