@@ -141,6 +141,24 @@ func benchStarts(ctx context.Context, t *testing.T, c *cri, runs int, r *benchRe
 			t.Errorf("teardown: %v", err)
 		}
 	}
+	// Disk boots through each firmware: SeaBIOS, and OVMF (the cost of UEFI).
+	for i := 0; i < runs; i++ {
+		for _, fw := range []struct {
+			image string
+			ann   map[string]string
+			to    *[]startSample
+		}{{imageDiskWait, nil, &r.StartBIOS}, {imageDiskUEFI, map[string]string{annotationFirmware: "uefi"}, &r.StartUEFI}} {
+			v, err := bootBenchVM(ctx, t, c, fmt.Sprintf("bench-fw-%d-%d", i, len(*fw.to)), runtimeHandler, fw.image, fw.ann, markerBooted, benchMarkUptime)
+			if err != nil {
+				t.Errorf("start disk pod: %v", err)
+				continue
+			}
+			*fw.to = append(*fw.to, v.startSample())
+			if _, err := v.teardown(ctx, t, 0); err != nil {
+				t.Errorf("teardown: %v", err)
+			}
+		}
+	}
 	return argv
 }
 

@@ -103,16 +103,19 @@ type benchReport struct {
 	Runs    int               `json:"runs"`
 	Start   []startSample     `json:"start"`
 	// StartNoJail are starts with config jail = false, for the jail's cost.
-	StartNoJail []startSample    `json:"start_no_jail"`
-	BareArgv    []string         `json:"bare_qemu_argv"`
-	PodMemory   []podMemory      `json:"pod_memory"`
-	RuncShim    *rollup          `json:"runc_shim,omitempty"`
-	RuncNote    string           `json:"runc_note,omitempty"`
-	Graceful    []teardownSample `json:"teardown_graceful"`
-	Forced      []teardownSample `json:"teardown_forced"`
-	Density     []densityPoint   `json:"density"`
-	Seconds     float64          `json:"duration_s"`
-	Summary     []tableRow       `json:"summary"`
+	StartNoJail []startSample `json:"start_no_jail"`
+	// StartBIOS and StartUEFI are disk boots through SeaBIOS and OVMF.
+	StartBIOS []startSample    `json:"start_disk_bios"`
+	StartUEFI []startSample    `json:"start_disk_uefi"`
+	BareArgv  []string         `json:"bare_qemu_argv"`
+	PodMemory []podMemory      `json:"pod_memory"`
+	RuncShim  *rollup          `json:"runc_shim,omitempty"`
+	RuncNote  string           `json:"runc_note,omitempty"`
+	Graceful  []teardownSample `json:"teardown_graceful"`
+	Forced    []teardownSample `json:"teardown_forced"`
+	Density   []densityPoint   `json:"density"`
+	Seconds   float64          `json:"duration_s"`
+	Summary   []tableRow       `json:"summary"`
 }
 
 // newBenchReport starts a report with what describes the machine.
@@ -184,6 +187,10 @@ func (r *benchReport) rows() []tableRow {
 	add("start, jail off: CreateContainer call → QEMU exec", nj(exec), "ms", "", "")
 	add("jail cost: CreateContainer call → QEMU exec, on − off", st(exec)-nj(exec), "ms", "", "")
 	add("jail cost: CreateContainer call → guest running, on − off", st(ready)-nj(ready), "ms", "", "")
+	fwReady := func(ss []startSample) float64 { return median(ss, func(s startSample) float64 { return s.Ready }) }
+	add("start, disk with SeaBIOS: CreateContainer call → ready", fwReady(r.StartBIOS), "ms", "", "")
+	add("start, disk with OVMF (uefi): CreateContainer call → ready", fwReady(r.StartUEFI), "ms", "", "")
+	add("UEFI cost: OVMF − SeaBIOS, CreateContainer call → ready", fwReady(r.StartUEFI)-fwReady(r.StartBIOS), "ms", "", "")
 	add("start: the guest's own boot (its uptime at BOOTED)", st(func(s startSample) float64 { return s.GuestUptime }), "ms", "", "")
 	paired := slices.DeleteFunc(slices.Clone(r.Start), func(s startSample) bool { return s.Bare == nil })
 	pair := func(f func(s startSample, b bareSample) float64) float64 {

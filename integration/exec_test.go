@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -168,41 +169,11 @@ func TestCRIPortForward(t *testing.T) {
 // port-forward stream and returns all that comes back.
 func (p *pod) portForward(ctx context.Context, t *testing.T, port int32, request string) string {
 	t.Helper()
-	resp, err := p.c.runtime.PortForward(ctx, &runtimeapi.PortForwardRequest{PodSandboxId: p.id, Port: []int32{port}})
-	if err != nil {
-		t.Fatalf("PortForward: %v", err)
-	}
-	u, err := url.Parse(resp.Url)
+	conn, errStream, data, err := p.openForward(ctx, int(port))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var conn httpstream.Connection
-	err = inNetns("/run/netns/"+env.daemon.netns, func() error {
-		tr, upgrader, err := spdy.RoundTripperFor(&rest.Config{})
-		if err != nil {
-			return err
-		}
-		conn, _, err = spdy.NewDialer(upgrader, &http.Client{Transport: tr}, "POST", u).Dial(portforward.PortForwardProtocolV1Name)
-		return err
-	})
-	if err != nil {
-		t.Fatalf("port-forward stream: %v", err)
-	}
 	defer conn.Close()
-	h := http.Header{}
-	h.Set(corev1.StreamType, corev1.StreamTypeError)
-	h.Set(corev1.PortHeader, strconv.Itoa(int(port)))
-	h.Set(corev1.PortForwardRequestIDHeader, "0")
-	errStream, err := conn.CreateStream(h)
-	if err != nil {
-		t.Fatalf("error stream: %v", err)
-	}
-	errStream.Close()
-	h.Set(corev1.StreamType, corev1.StreamTypeData)
-	data, err := conn.CreateStream(h)
-	if err != nil {
-		t.Fatalf("data stream: %v", err)
-	}
 	if _, err := io.WriteString(data, request); err != nil {
 		t.Fatalf("port-forward write: %v", err)
 	}
@@ -230,4 +201,47 @@ func (p *pod) portForward(ctx context.Context, t *testing.T, port int32, request
 		t.Fatalf("port-forward: no answer")
 	}
 	return ""
+}
+
+// openForward opens a CRI port-forward stream to port of the pod, as the
+// kubelet's streaming server would for kubectl port-forward: the
+// connection, its error stream (write side closed) and its data stream.
+func (p *pod) openForward(ctx context.Context, port int) (httpstream.Connection, httpstream.Stream, httpstream.Stream, error) {
+	resp, err := p.c.runtime.PortForward(ctx, &runtimeapi.PortForwardRequest{PodSandboxId: p.id, Port: []int32{int32(port)}})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("PortForward: %w", err)
+	}
+	u, err := url.Parse(resp.Url)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var conn httpstream.Connection
+	err = inNetns("/run/netns/"+env.daemon.netns, func() error {
+		tr, upgrader, err := spdy.RoundTripperFor(&rest.Config{})
+		if err != nil {
+			return err
+		}
+		conn, _, err = spdy.NewDialer(upgrader, &http.Client{Transport: tr}, "POST", u).Dial(portforward.PortForwardProtocolV1Name)
+		return err
+	})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("port-forward stream: %w", err)
+	}
+	h := http.Header{}
+	h.Set(corev1.StreamType, corev1.StreamTypeError)
+	h.Set(corev1.PortHeader, strconv.Itoa(port))
+	h.Set(corev1.PortForwardRequestIDHeader, "0")
+	errStream, err := conn.CreateStream(h)
+	if err != nil {
+		conn.Close()
+		return nil, nil, nil, fmt.Errorf("error stream: %w", err)
+	}
+	errStream.Close()
+	h.Set(corev1.StreamType, corev1.StreamTypeData)
+	data, err := conn.CreateStream(h)
+	if err != nil {
+		conn.Close()
+		return nil, nil, nil, fmt.Errorf("data stream: %w", err)
+	}
+	return conn, errStream, data, nil
 }
