@@ -33,8 +33,8 @@ func (c *launch) firmware(context.Context) error {
 		return nil
 	}
 	if c.boot.Disk == "" && c.boot.ISO == "" {
-		return fmt.Errorf("annotation %s: %s boots a disk, and the image boots a kernel directly: %w",
-			config.AnnotationFirmware, fw, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s: %s boots a disk, and the image boots a kernel directly: %w",
+			c.firmwareFrom, fw, errdefs.ErrInvalidArgument)
 	}
 	codeKey, code, varsKey, vars := "uefi_code", c.cfg.UEFICode, "uefi_vars", c.cfg.UEFIVars
 	if fw == config.FirmwareUEFISecure {

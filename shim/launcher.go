@@ -37,13 +37,17 @@ const runtimeRoot = "/run/vmshim"
 
 // qemuLauncher creates VMs with QEMU from a bundle.
 type qemuLauncher struct {
+	containerd string // containerd's gRPC socket, where container labels are read; "" for none
+
 	mu     sync.Mutex // guards accels
 	accels map[string]qemu.Accel
 }
 
-// NewLauncher returns the Launcher that boots VMs with QEMU.
-func NewLauncher() Launcher {
-	return &qemuLauncher{accels: make(map[string]qemu.Accel)}
+// NewLauncher returns the Launcher that boots VMs with QEMU. containerd
+// is containerd's gRPC socket, which holds the labels an image gives its
+// containers.
+func NewLauncher(containerd string) Launcher {
+	return &qemuLauncher{containerd: containerd, accels: make(map[string]qemu.Accel)}
 }
 
 // Launch resolves the task's settings, prepares its disks and starts QEMU

@@ -26,7 +26,7 @@ func Register() {
 			if err != nil {
 				return nil, err
 			}
-			return NewTaskService(ic.Context, pp.(shim.Publisher), ss.(shutdown.Service), NewLauncher())
+			return NewTaskService(ic.Context, pp.(shim.Publisher), ss.(shutdown.Service), NewLauncher(ic.Properties[plugins.PropertyGRPCAddress]))
 		},
 	})
 }

@@ -43,6 +43,7 @@ Examples:
   vmshim-pack --disk debian-12.qcow2 --ref localhost/vms/debian:12 -o debian.tar
   vmshim-pack --kernel vmlinux --initrd initrd.img --ref localhost/vms/tiny:1 -o tiny.tar
   vmshim-pack --disk debian-12.qcow2 --ref localhost/vms/debian:12 --import --namespace k8s.io
+  vmshim-pack --disk debian-12-uefi.qcow2 --firmware uefi --ref localhost/vms/debian-uefi:12 -o debian-uefi.tar
   vmshim-pack --disk disk.raw --qcow2 --compression zstd --ref localhost/vms/raw:1 -o raw.tar
   vmshim-pack --disk debian-12.qcow2 --ref localhost/vms/debian:12 -o debian.tar \
       --label org.opencontainers.image.source=https://example.org/vms --description "Debian 12"
@@ -114,6 +115,7 @@ func parseFlags(args []string, stderr *os.File) (packOptions, error) {
 		opts.Labels[k] = v
 		return nil
 	})
+	fs.StringVar(&opts.Firmware, "firmware", "", "set the label io.vmshim.firmware: the `FIRMWARE` the disk boots with, bios, uefi or uefi-secure (the annotation vmshim.io/firmware wins over it)")
 	fs.StringVar(&opts.Description, "description", "", "set the label org.opencontainers.image.description to `TEXT`")
 	fs.StringVar(&progressFlag, "progress", "auto", "how to report the input bytes read on stderr, `MODE` auto (a live line when stderr is a terminal), plain (a line every 10%) or none")
 	fs.Usage = func() {

@@ -39,6 +39,9 @@ func TestPackRefusesBadNewOptions(t *testing.T) {
 		{"qcow2 with a kernel", func(o *packOptions) { o.Disk, o.Kernel, o.Qcow2 = "", kernel, true }, "--qcow2 needs --disk"},
 		{"packer's label", func(o *packOptions) { o.Labels = map[string]string{labelDiskFormat: "vmdk"} }, "label io.vmshim.disk.format"},
 		{"packer's label prefix", func(o *packOptions) { o.Labels = map[string]string{"io.vmshim.x": ""} }, "io.vmshim."},
+		{"unknown firmware", func(o *packOptions) { o.Firmware = "efi" }, `--firmware: "efi" is not one of bios, uefi, uefi-secure`},
+		{"firmware for a kernel", func(o *packOptions) { o.Disk, o.Kernel, o.Firmware = "", kernel, "uefi" }, "--firmware is for disk images"},
+		{"firmware as a label", func(o *packOptions) { o.Labels = map[string]string{"io.vmshim.firmware": "uefi"} }, "label io.vmshim.firmware"},
 		{"empty label key", func(o *packOptions) { o.Labels = map[string]string{"": "v"} }, "empty key"},
 	}
 	runRefusals(t, ok, tests)

@@ -15,6 +15,7 @@ import (
 	"github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/image"
 )
 
@@ -39,6 +40,7 @@ type packOptions struct {
 	QemuImg     string            // qemu-img binary for Qcow2; "qemu-img" when empty
 	Labels      map[string]string // extra image config labels, none under io.vmshim.
 	Description string            // org.opencontainers.image.description, when set
+	Firmware    string            // io.vmshim.firmware (config.LabelFirmware), when set
 	Import      *importOptions    // also import into containerd, when set
 	Progress    progressOptions   // how to report the input bytes read
 }
@@ -231,6 +233,14 @@ func checkOptions(opts packOptions) (name, tag string, err error) {
 	if pointer {
 		if _, _, err := image.ParsePointer([]byte(opts.URL), []byte(opts.SHA256)); err != nil {
 			return "", "", fmt.Errorf("--url, --sha256: %w", err)
+		}
+	}
+	if opts.Firmware != "" {
+		if opts.Kernel != "" {
+			return "", "", fmt.Errorf("--firmware is for disk images, and a kernel image (--kernel) boots without one: %w", errdefs.ErrInvalidArgument)
+		}
+		if err := config.CheckFirmware("--firmware", opts.Firmware); err != nil {
+			return "", "", err
 		}
 	}
 	for k := range opts.Labels {

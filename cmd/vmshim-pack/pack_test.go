@@ -385,6 +385,12 @@ func TestPackRoundTrip(t *testing.T) {
 			labels:  map[string]string{labelKind: "disk", labelDiskFormat: "qcow2", labelDiskPath: "/disk/disk.qcow2", labelDiskSize: "8589934592"},
 		},
 		{
+			name: "qcow2 disk for UEFI", opts: packOptions{Disk: p("d.qcow2"), Firmware: "uefi-secure", Ref: "localhost/vmshim-test/disk:uefi"},
+			ref:     "localhost/vmshim-test/disk:uefi",
+			entries: []layerEntry{dirEntry("disk/"), fileEntry("disk/disk.qcow2", qcow)},
+			labels:  map[string]string{labelKind: "disk", labelDiskFormat: "qcow2", labelDiskPath: "/disk/disk.qcow2", labelDiskSize: "8589934592", "io.vmshim.firmware": "uefi-secure"},
+		},
+		{
 			name: "raw disk", opts: packOptions{Disk: p("d.raw"), Ref: "vm/raw"},
 			ref:     "docker.io/vm/raw:latest",
 			entries: []layerEntry{dirEntry("disk/"), fileEntry("disk/disk.img", raw)},

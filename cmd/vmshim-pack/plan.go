@@ -16,6 +16,7 @@ import (
 	"github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/image"
 )
 
@@ -84,6 +85,9 @@ func makePlan(ctx context.Context, opts packOptions, dir string) (imagePlan, err
 	plan.labels[ocispec.AnnotationCreated] = created.Format(time.RFC3339)
 	if opts.Description != "" {
 		plan.labels[ocispec.AnnotationDescription] = opts.Description
+	}
+	if opts.Firmware != "" {
+		plan.labels[config.LabelFirmware] = opts.Firmware
 	}
 	for k, v := range opts.Labels {
 		plan.labels[k] = v
