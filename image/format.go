@@ -69,11 +69,39 @@ func detectFile(f *os.File) (string, error) {
 
 // DiskBoot describes a VM disk that is not in the image (one fetched by
 // URL): f, open read-only, named name in messages, its format read from
-// its header like a disk in an image. The Boot owns f.
+// its header like a disk in an image. An ISO 9660 image (an installer's,
+// hybrid or not) is booted as an image's /disk/*.iso is: from a CD-ROM
+// onto an empty root disk. The Boot owns f.
 func DiskBoot(f *os.File, name string) (*Boot, error) {
 	format, err := detectFile(f)
 	if err != nil {
 		return nil, invalidf("disk %s: %v", name, err)
 	}
+	if format == FormatRaw {
+		iso, err := isISO9660(f)
+		if err != nil {
+			return nil, invalidf("disk %s: %v", name, err)
+		}
+		if iso {
+			return &Boot{ISO: name, ISOFile: f}, nil
+		}
+	}
 	return &Boot{Disk: name, Format: format, DiskFile: f}, nil
+}
+
+// iso9660Magic is the standard identifier of an ISO 9660 volume
+// descriptor, after its type byte, in the first descriptor at 32 KiB.
+const (
+	iso9660Offset = 0x8001
+	iso9660Magic  = "CD001"
+)
+
+// isISO9660 reports whether f holds an ISO 9660 file system.
+func isISO9660(f *os.File) (bool, error) {
+	sig := make([]byte, len(iso9660Magic))
+	n, err := f.ReadAt(sig, iso9660Offset)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return false, fmt.Errorf("read the ISO 9660 descriptor: %w", err)
+	}
+	return n == len(sig) && string(sig) == iso9660Magic, nil
 }

@@ -119,3 +119,59 @@ func needQEMUImg(t *testing.T) string {
 	}
 	return p
 }
+
+func TestDiskBoot(t *testing.T) {
+	at := func(size int, off int, data string) []byte {
+		b := make([]byte, size)
+		copy(b[off:], data)
+		return b
+	}
+	tests := []struct {
+		name    string
+		data    []byte
+		iso     bool
+		format  string
+		wantErr string
+	}{
+		{"qcow2", at(64<<10, 0, "QFI\xfb"), false, FormatQCOW2, ""},
+		{"raw", at(64<<10, 510, "\x55\xaa"), false, FormatRaw, ""},
+		{"iso", at(64<<10, 0x8000, "\x01CD001\x01"), true, "", ""},
+		{"hybrid iso", at(64<<10, 0x8000, "\x01CD001\x01"), true, "", ""},
+		{"qcow2 with CD001 inside", append(at(0x8001, 0, "QFI\xfb"), []byte("CD001")...), false, FormatQCOW2, ""},
+		{"raw shorter than the descriptor", at(0x8003, 0x8001, "CD"), false, FormatRaw, ""},
+		{"vmdk", at(64<<10, 0, "KDMV"), false, "", "unsupported disk format vmdk"},
+	}
+	tests[3].data[510], tests[3].data[511] = 0x55, 0xaa
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "d")
+			if err := os.WriteFile(p, tt.data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.Open(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			b, err := DiskBoot(f, "https://example.org/d")
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), "disk https://example.org/d: "+tt.wantErr) {
+					t.Fatalf("err %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.iso {
+				if b.ISO != "https://example.org/d" || b.ISOFile != f || b.Disk != "" || b.DiskFile != nil {
+					t.Errorf("boot %+v, want the ISO", b)
+				}
+				return
+			}
+			if b.Disk != "https://example.org/d" || b.DiskFile != f || b.Format != tt.format || b.ISO != "" {
+				t.Errorf("boot %+v, want disk %s", b, tt.format)
+			}
+		})
+	}
+}
