@@ -3,10 +3,14 @@ package integration
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path"
+	"path/filepath"
 	"sort"
+	"testing"
 
 	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
@@ -102,4 +106,18 @@ func writeLayerArchive(dst, ref string, layer []byte) (retErr error) {
 		return retErr
 	}
 	return os.WriteFile(dst, out.Bytes(), 0o644)
+}
+
+// packImage packs an image named ref with vmshim-pack and args, and
+// imports it into the CRI's namespace.
+func packImage(ctx context.Context, t *testing.T, ref string, args ...string) {
+	t.Helper()
+	archive := filepath.Join(t.TempDir(), "image.tar")
+	pack := exec.CommandContext(ctx, filepath.Join(env.binDir, "vmshim-pack"), append(args, "--ref", ref, "-o", archive)...)
+	if out, err := pack.CombinedOutput(); err != nil {
+		t.Fatalf("vmshim-pack: %v: %s", err, out)
+	}
+	if out, err := env.daemon.ctrIn(ctx, criNamespace, "images", "import", archive); err != nil {
+		t.Fatalf("import %s: %v: %s", ref, err, out)
+	}
 }

@@ -325,14 +325,7 @@ func TestDiskURLPointerImage(t *testing.T) {
 	}
 	s := startDiskServer(t, map[string][]byte{"/poweroff.qcow2": disk})
 	const ref = "localhost/vmshim-test/pointer:poweroff"
-	archive := filepath.Join(t.TempDir(), "pointer.tar")
-	pack := exec.CommandContext(ctx, filepath.Join(env.binDir, "vmshim-pack"), "--url", s.url("/poweroff.qcow2"), "--sha256", digestOf(disk), "--ref", ref, "-o", archive)
-	if out, err := pack.CombinedOutput(); err != nil {
-		t.Fatalf("vmshim-pack: %v: %s", err, out)
-	}
-	if out, err := env.daemon.ctrIn(ctx, criNamespace, "images", "import", archive); err != nil {
-		t.Fatalf("import: %v: %s", err, out)
-	}
+	packImage(ctx, t, ref, "--url", s.url("/poweroff.qcow2"), "--sha256", digestOf(disk))
 	c := newCRI(t, env.daemon)
 	p, vm, err := vmPodOn(ctx, t, c, runtimeHandler, "diskurl-pointer", ref, nil)
 	if err != nil {

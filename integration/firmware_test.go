@@ -39,9 +39,10 @@ const (
 
 // TestFirmwareUEFI boots a disk that has an EFI system partition with GRUB
 // and no BIOS boot code: it boots with vmshim.io/firmware uefi, its guest
-// seeing no Secure Boot, and does not boot with bios.
+// seeing no Secure Boot, and with the image label io.vmshim.firmware uefi,
+// and does not boot with bios.
 func TestFirmwareUEFI(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), uefiBootTimeout+noBootWait+time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*uefiBootTimeout+noBootWait+time.Minute)
 	defer cancel()
 	c := newCRI(t, env.daemon)
 	p, vm, err := vmPodOn(ctx, t, c, runtimeHandler, "uefi", imageDiskUEFI, map[string]string{annotationFirmware: "uefi"})
@@ -55,7 +56,20 @@ func TestFirmwareUEFI(t *testing.T) {
 	p.remove(t)
 	assertNothingLeftCRI(t, vm.id)
 
-	p, vm, err = vmPodOn(ctx, t, c, runtimeHandler, "uefi-on-bios", imageDiskUEFI, map[string]string{annotationFirmware: "bios"})
+	// The same disk packed with vmshim-pack --firmware uefi, which sets
+	// the image label io.vmshim.firmware: it boots with no annotation,
+	// and the annotation wins over the label.
+	const labelled = "localhost/vmshim-test/disk:uefi-labelled"
+	packImage(ctx, t, labelled, "--disk", filepath.Join(env.guestDir, "disk-uefi.qcow2"), "--firmware", "uefi")
+	p, vm, err = vmPodOn(ctx, t, c, runtimeHandler, "uefi-label", labelled, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm.waitLog(ctx, t, "VMSHIM-EFI secureboot=0")
+	p.remove(t)
+	assertNothingLeftCRI(t, vm.id)
+
+	p, vm, err = vmPodOn(ctx, t, c, runtimeHandler, "uefi-on-bios", labelled, map[string]string{annotationFirmware: "bios"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,9 +292,9 @@ func (p *pod) forwardConn(ctx context.Context, t *testing.T, conn net.Conn, port
 // TestInstallerISO boots an image that holds only an installer's ISO
 // (/disk/install.iso): the VM gets an empty root disk and the ISO as a
 // CD-ROM after it in the boot order, so SeaBIOS passes over the empty disk
-// and boots the CD.
+// and boots the CD; then the same ISO fetched by URL.
 func TestInstallerISO(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*bootTimeout)
 	defer cancel()
 	iso, err := os.ReadFile(filepath.Join(env.guestDir, "cdrom-wait.iso"))
 	if err != nil {
@@ -299,12 +313,31 @@ func TestInstallerISO(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	assertInstaller(ctx, t, vm)
+	p.remove(t)
+	assertNothingLeftCRI(t, vm.id)
+
+	// The same ISO fetched by URL: the shim knows it by its ISO 9660
+	// descriptor, whatever the URL's name.
+	s := startDiskServer(t, map[string][]byte{"/install": iso})
+	p, vm, err = vmPodOn(ctx, t, c, runtimeHandler, "installer-url", pauseImage,
+		map[string]string{annotationDiskURL: s.url("/install"), annotationDiskSHA256: digestOf(iso), annotationRootDiskSize: "1Gi"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertInstaller(ctx, t, vm)
+	p.remove(t)
+	assertNothingLeftCRI(t, vm.id)
+}
+
+// assertInstaller waits for vm to boot its installer's CD-ROM, next to an
+// empty 1 GiB root disk.
+func assertInstaller(ctx context.Context, t *testing.T, vm *criContainer) {
+	t.Helper()
 	disks := vm.waitLog(ctx, t, markerDisks)
 	vm.waitLog(ctx, t, markerBooted)
 	t.Logf("guest %s", strings.TrimSpace(disks))
 	if !strings.Contains(disks, "vda:2097152 ") || !strings.Contains(disks, "sr0:") {
 		t.Errorf("guest disks %q: want the empty 1 GiB root disk (vda) and the installer's CD-ROM (sr0)", disks)
 	}
-	p.remove(t)
-	assertNothingLeftCRI(t, vm.id)
 }
