@@ -144,11 +144,14 @@ func benchStarts(ctx context.Context, t *testing.T, c *cri, runs int, r *benchRe
 	// Disk boots through each firmware: SeaBIOS, and OVMF (the cost of UEFI).
 	for i := 0; i < runs; i++ {
 		for _, fw := range []struct {
+			name  string
 			image string
 			ann   map[string]string
 			to    *[]startSample
-		}{{imageDiskWait, nil, &r.StartBIOS}, {imageDiskUEFI, map[string]string{annotationFirmware: "uefi"}, &r.StartUEFI}} {
-			v, err := bootBenchVM(ctx, t, c, fmt.Sprintf("bench-fw-%d-%d", i, len(*fw.to)), runtimeHandler, fw.image, fw.ann, markerBooted, benchMarkUptime)
+		}{{"bios", imageDiskWait, nil, &r.StartBIOS}, {"uefi", imageDiskUEFI, map[string]string{annotationFirmware: "uefi"}, &r.StartUEFI}} {
+			// Each pod has a log directory of its own: a marker in another
+			// pod's log would end the wait at once.
+			v, err := bootBenchVM(ctx, t, c, fmt.Sprintf("bench-fw-%s-%d", fw.name, i), runtimeHandler, fw.image, fw.ann, markerBooted, benchMarkUptime)
 			if err != nil {
 				t.Errorf("start disk pod: %v", err)
 				continue
