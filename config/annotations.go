@@ -42,7 +42,7 @@ func knownAnnotation(k string) bool {
 	case AnnotationVCPUs, AnnotationMemory, AnnotationDiskDriver, AnnotationRootDiskSize,
 		AnnotationUserData, AnnotationSSHAuthorizedKeys, AnnotationKernelCmdline, AnnotationNetworkConfig,
 		AnnotationRootDiskVolume, AnnotationRootDiskPolicy, AnnotationDiskURL, AnnotationDiskSHA256,
-		AnnotationFirmware, AnnotationGraphics, AnnotationNICModel, AnnotationOS:
+		AnnotationFirmware, AnnotationGraphics, AnnotationNICModel, AnnotationOS, AnnotationCPUTopology, AnnotationMaxMemory:
 		return true
 	}
 	return false
@@ -55,14 +55,15 @@ var (
 
 // annotations are the parsed vmshim.io/* values; zero values mean unset.
 type annotations struct {
-	vcpus         int
-	memoryBytes   int64
-	diskDriver    string
-	rootDiskSize  int64
-	userData      string
-	sshKeys       []string
-	kernelCmdline string
-	networkConfig string
+	vcpus          int
+	memoryBytes    int64
+	maxMemoryBytes int64
+	diskDriver     string
+	rootDiskSize   int64
+	userData       string
+	sshKeys        []string
+	kernelCmdline  string
+	networkConfig  string
 
 	rootDiskVolume string // clean absolute path
 	rootDiskPolicy string
@@ -111,6 +112,16 @@ func parseAnnotations(cfg Config, in map[string]string) (annotations, error) {
 			return a, annotationErr(AnnotationMemory, "%q is not in 64Mi..%s (max_memory)", v, cfg.MaxMemory)
 		}
 		a.memoryBytes = n
+	}
+	if v, ok := in[AnnotationMaxMemory]; ok {
+		n, err := parseBytes(v)
+		if err != nil {
+			return a, annotationErr(AnnotationMaxMemory, "%v", err)
+		}
+		if n < MinMemory || n > mustBytes(cfg.MaxMemory) {
+			return a, annotationErr(AnnotationMaxMemory, "%q is not in 64Mi..%s (max_memory)", v, cfg.MaxMemory)
+		}
+		a.maxMemoryBytes = n
 	}
 	if v, ok := in[AnnotationDiskDriver]; ok {
 		if !validDiskDriver(v) {

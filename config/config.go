@@ -58,6 +58,12 @@ type Config struct {
 	DefaultMemory string `toml:"default_memory"` // guest RAM (Kubernetes quantity) when neither an annotation nor a memory limit says
 	MaxVCPUs      int    `toml:"max_vcpus"`      // upper bound for the vCPU count from any source
 	MaxMemory     string `toml:"max_memory"`     // upper bound for guest RAM from any source
+	// DefaultMaxMemory is the guest RAM a memory resize can grow a VM to
+	// when vmshim.io/max-memory does not say; "" (the default) leaves
+	// guest RAM fixed at boot. The headroom costs the guest: its kernel
+	// then sees memory above 4 GiB and sets aside a 64 MiB DMA bounce
+	// buffer (swiotlb), which the shim turns off for kernel boots.
+	DefaultMaxMemory string `toml:"default_max_memory"`
 	// MemoryOverhead is what QEMU itself may use beyond guest RAM: the
 	// VM's cgroup memory limit is guest RAM plus this.
 	MemoryOverhead string `toml:"memory_overhead"`
@@ -244,6 +250,13 @@ func (c Config) validate() error {
 			add("default_memory", "%v", err)
 		} else if mem < MinMemory || mem > maxMem {
 			add("default_memory", "%q is not in 64Mi..%s (max_memory)", c.DefaultMemory, c.MaxMemory)
+		}
+		if c.DefaultMaxMemory != "" {
+			if mem, err := parseBytes(c.DefaultMaxMemory); err != nil {
+				add("default_max_memory", "%v", err)
+			} else if mem < MinMemory || mem > maxMem {
+				add("default_max_memory", "%q is not in 64Mi..%s (max_memory)", c.DefaultMaxMemory, c.MaxMemory)
+			}
 		}
 	}
 	if _, err := parseBytes(c.MemoryOverhead); err != nil {

@@ -35,6 +35,8 @@ type VM struct {
 	VNC      bool   // vmshim.io/graphics vnc
 	NICModel string // NICVirtio (also when ""), NICE1000, NICE1000E or NICRTL8139
 	Windows  bool   // vmshim.io/os windows
+
+	Resources Resources
 }
 
 // Resolve combines cfg, the vmshim.io/* annotations and the resource limits of
@@ -81,6 +83,9 @@ func Resolve(cfg Config, id string, spec *specs.Spec) (*VM, error) {
 		return nil, err
 	}
 	vm.MemoryMiB = int(memBytes >> 20)
+	if err := resolveResources(cfg, ann, spec.Annotations, spec, vm); err != nil {
+		return nil, err
+	}
 	vm.DiskURL, vm.DiskSHA256 = ann.diskURL, ann.diskSHA256
 	resolveGuest(vm, ann)
 	if ann.rootDiskVolume != "" {
@@ -103,20 +108,30 @@ func resolveVCPUs(cfg Config, ann annotations, spec *specs.Spec) (int, error) {
 	if spec.Linux == nil || spec.Linux.Resources == nil || spec.Linux.Resources.CPU == nil {
 		return cfg.DefaultVCPUs, nil
 	}
-	cpu := spec.Linux.Resources.CPU
-	if cpu.Quota == nil || *cpu.Quota <= 0 || cpu.Period == nil || *cpu.Period == 0 {
+	n, ok := VCPUsForCPU(spec.Linux.Resources.CPU)
+	if !ok {
 		return cfg.DefaultVCPUs, nil
 	}
+	if n > uint64(cfg.MaxVCPUs) {
+		cpu := spec.Linux.Resources.CPU
+		return 0, invalidf("spec linux.resources.cpu: quota %d / period %d gives %d vcpus, more than %d (max_vcpus)",
+			*cpu.Quota, *cpu.Period, n, cfg.MaxVCPUs)
+	}
+	return int(n), nil
+}
+
+// VCPUsForCPU is the vCPU count a CPU limit gives: its quota over its
+// period, rounded up. ok is false when cpu sets no limit.
+func VCPUsForCPU(cpu *specs.LinuxCPU) (n uint64, ok bool) {
+	if cpu == nil || cpu.Quota == nil || *cpu.Quota <= 0 || cpu.Period == nil || *cpu.Period == 0 {
+		return 0, false
+	}
 	quota, period := uint64(*cpu.Quota), *cpu.Period
-	n := quota / period
+	n = quota / period
 	if quota%period != 0 {
 		n++
 	}
-	if n > uint64(cfg.MaxVCPUs) {
-		return 0, invalidf("spec linux.resources.cpu: quota %d / period %d gives %d vcpus, more than %d (max_vcpus)",
-			quota, period, n, cfg.MaxVCPUs)
-	}
-	return int(n), nil
+	return n, true
 }
 
 // resolveMemory picks the annotation, else the memory limit, else the default, in bytes.

@@ -184,6 +184,7 @@ func TestResolve(t *testing.T) {
 			}
 			want := baseVM()
 			tc.want(&want)
+			want.Resources = got.Resources // TestResolveResources checks them
 			if !reflect.DeepEqual(*got, want) {
 				t.Fatalf("Resolve() =\n%+v\nwant\n%+v", *got, want)
 			}
