@@ -415,3 +415,49 @@ func readObject(br *bufio.Reader) ([]byte, error) {
 		}
 	}
 }
+
+// guestVCPU is one logical CPU as guest-get-vcpus reports it.
+type guestVCPU struct {
+	LogicalID  int  `json:"logical-id"`
+	Online     bool `json:"online"`
+	CanOffline bool `json:"can-offline,omitempty"`
+}
+
+// SetOnlineVCPUs has the guest keep its logical CPUs 0..n-1 online and
+// the rest offline, and returns how many it has online. A CPU hot-plugged
+// a moment ago may not be listed yet: call it again.
+func (a *Agent) SetOnlineVCPUs(ctx context.Context, n int) (online int, err error) {
+	var cpus []guestVCPU
+	if err := a.call(ctx, "guest-get-vcpus", nil, &cpus); err != nil {
+		return 0, err
+	}
+	var change []guestVCPU
+	for _, c := range cpus {
+		want := c.LogicalID < n
+		if c.Online != want && (want || c.CanOffline) {
+			change = append(change, guestVCPU{LogicalID: c.LogicalID, Online: want})
+		}
+		if c.Online {
+			online++
+		}
+	}
+	if len(change) == 0 {
+		return online, nil
+	}
+	var done int
+	if err := a.call(ctx, "guest-set-vcpus", map[string]any{"vcpus": change}, &done); err != nil {
+		return 0, err
+	}
+	for _, c := range change[:min(done, len(change))] {
+		if c.Online {
+			online++
+		} else {
+			online--
+		}
+	}
+	if done < len(change) {
+		return online, fmt.Errorf("guest agent guest-set-vcpus: logical cpu %d stays %s: %w",
+			change[done].LogicalID, map[bool]string{true: "offline", false: "online"}[change[done].Online], errdefs.ErrFailedPrecondition)
+	}
+	return online, nil
+}

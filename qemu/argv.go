@@ -97,11 +97,13 @@ func BuildArgs(s Spec) ([]string, error) {
 		return nil, err
 	}
 	args := []string{
-		"-name", opts{}.add("guest", s.Name).String(),
+		// debug-threads names QEMU's threads ("CPU 0/TCG"...), so the
+		// shim and an operator can tell the vCPU threads apart.
+		"-name", opts{}.add("guest", s.Name).String() + ",debug-threads=on",
 		"-nodefaults", "-no-user-config",
 	}
 	args = append(args, displayArgs(s.VNC)...)
-	args = append(args, machineArgs(s.Firmware)...)
+	args = append(args, machineArgs(s.Firmware, s.machineMemory())...)
 	switch s.Accel {
 	case AccelKVM:
 		args = append(args, "-accel", "kvm")
@@ -112,9 +114,9 @@ func BuildArgs(s Spec) ([]string, error) {
 	if s.Windows {
 		args = append(args, "-rtc", "base=localtime")
 	}
+	args = append(args, s.smpArgs()...)
+	args = append(args, s.memoryArgs()...)
 	args = append(args,
-		"-smp", strconv.Itoa(s.CPUs),
-		"-m", strconv.Itoa(s.MemoryMiB)+"M",
 		"-chardev", listenChardev(QMPChardev, s.QMPSocket, s.QMPFD),
 		"-mon", "chardev="+QMPChardev+",mode=control",
 	)
@@ -167,7 +169,7 @@ func BuildArgs(s Spec) ([]string, error) {
 	for i, addr := range s.VFIO {
 		args = append(args, "-device", "vfio-pci,host="+addr+",id="+VFIODeviceID(i))
 	}
-	return args, nil
+	return append(args, s.virtioMemArgs()...), nil
 }
 
 // listenChardev renders a server socket chardev: on the listening socket

@@ -21,7 +21,7 @@ func baseSpec() Spec {
 }
 
 var baseArgs = []string{
-	"-name", "guest=pod-1",
+	"-name", "guest=pod-1,debug-threads=on",
 	"-nodefaults", "-no-user-config",
 	"-display", "none",
 	"-machine", "q35",
@@ -309,7 +309,7 @@ func TestBuildArgsFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, pair := range [][2]string{
-		{"-name", "guest=a,,guest=evil"},
+		{"-name", "guest=a,,guest=evil,debug-threads=on"},
 		{"-chardev", "socket,id=qmp,path=/run/x,,y/qmp.sock,server=on,wait=off"},
 		{"-accel", "kvm"}, {"-cpu", "host"}, {"-smp", "4"}, {"-m", "2048M"},
 		{"-chardev", "socket,id=console,fd=3"}, {"-serial", "chardev:console"},

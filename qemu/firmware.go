@@ -23,8 +23,8 @@ const VideoDevice = "video0"
 
 // machineArgs renders -machine: q35, with SMM and the firmware's flash
 // nodes when the VM boots UEFI.
-func machineArgs(fw *Firmware) []string {
-	m := MachineType
+func machineArgs(fw *Firmware, memory string) []string {
+	m := MachineType + memory
 	if fw != nil {
 		if fw.SecureBoot {
 			m += ",smm=on"

@@ -102,10 +102,28 @@ type Share struct {
 
 // Spec describes one VM; BuildArgs turns it into a QEMU command line.
 type Spec struct {
-	Name        string // guest name (-name); no control characters, at most MaxNameLen bytes
-	Accel       Accel
-	CPUs        int
-	MemoryMiB   int
+	Name  string // guest name (-name); no control characters, at most MaxNameLen bytes
+	Accel Accel
+	CPUs  int // vCPUs the guest boots with
+	// PluggedCPUs is how many vCPUs QEMU has at boot, ≥ CPUs; the guest
+	// is to keep those beyond CPUs offline (the shim's maxcpus= for a
+	// kernel boot) until a resize brings them online. 0 means CPUs.
+	PluggedCPUs int
+	// MaxCPUs is the most vCPUs the guest can have by hot-plug; 0 or
+	// CPUs for none. It equals Topology.CPUs() when that is set.
+	MaxCPUs int
+	// Topology shapes MaxCPUs vCPUs; zero is one socket of cores.
+	Topology  Topology
+	MemoryMiB int
+	// ResizeMiB is how far guest RAM can grow beyond MemoryMiB, with a
+	// virtio-mem device; 0 for none.
+	ResizeMiB int
+	// HugePageSize, when set (2 MiB or 1 GiB), backs guest RAM with
+	// preallocated huge pages of that size.
+	HugePageSize int64
+	// NUMA splits guest RAM and the vCPUs into nodes bound to host
+	// nodes; nil for none.
+	NUMA        []NUMANode
 	Drives      []Drive
 	NICs        []NIC
 	Kernel      string // direct kernel boot when set
@@ -167,6 +185,9 @@ func (s Spec) Validate() error {
 	}
 	if s.MemoryMiB < MinMemoryMiB || s.MemoryMiB > MaxMemoryMiB {
 		return invalid("memory", "%d MiB is not between %d and %d MiB", s.MemoryMiB, MinMemoryMiB, MaxMemoryMiB)
+	}
+	if err := s.validateResources(); err != nil {
+		return err
 	}
 	if err := checkSocket("qmp socket", s.QMPSocket, true); err != nil {
 		return err
