@@ -412,10 +412,33 @@ func (c *v1Cgroup) rejoin(tid int, orig map[string]string) bool {
 
 // Update applies r.
 func (c *v1Cgroup) Update(r *specs.LinuxResources) error {
+	if err := c.raiseMemsw(r); err != nil {
+		return cgroupError("update", c.path, err, errdefs.ErrUnknown)
+	}
 	if err := c.cg.Update(withoutSwap(r, c.swap)); err != nil {
 		return cgroupError("update", c.path, err, errdefs.ErrUnknown)
 	}
 	return nil
+}
+
+// raiseMemsw writes a higher memory+swap limit before the library
+// writes the memory limit: the kernel refuses a memory limit above
+// memory.memsw.limit_in_bytes, and the cgroups library writes the memory
+// limit first (its reordering for this case swaps the wrong files).
+func (c *v1Cgroup) raiseMemsw(r *specs.LinuxResources) error {
+	if !c.swap || c.memDir == "" || r == nil || r.Memory == nil || r.Memory.Swap == nil || *r.Memory.Swap <= 0 {
+		return nil
+	}
+	file := filepath.Join(c.memDir, "memory.memsw.limit_in_bytes")
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	current, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || uint64(*r.Memory.Swap) <= current {
+		return err
+	}
+	return os.WriteFile(file, []byte(strconv.FormatInt(*r.Memory.Swap, 10)), 0)
 }
 
 // Stats reads the v1 metrics, skipping files this kernel lacks.

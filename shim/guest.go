@@ -7,6 +7,7 @@ import (
 
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/vmshim/vmshim/cloudinit"
 	"github.com/vmshim/vmshim/config"
@@ -23,13 +24,19 @@ var hostEnv = map[string]bool{"PATH": true, "HOME": true, "HOSTNAME": true, "TER
 
 // shares exposes the container's volumes to the guest over virtio-9p and
 // returns them for the guest to mount.
-func shares(ctx context.Context, spec *specs.Spec, qs *qemu.Spec, rootVolume *config.RootVolume) []cloudinit.Mount {
+func shares(ctx context.Context, spec *specs.Spec, qs *qemu.Spec, rootVolume *config.RootVolume) (mounts []cloudinit.Mount, hugePages []int64) {
 	list, skipped := config.ResolveShares(spec)
-	var mounts []cloudinit.Mount
 	for i, s := range list {
 		if rootVolume != nil && s.GuestPath == rootVolume.Path {
 			// It holds the root disk, which the guest has as a disk.
 			skipped = append(skipped, fmt.Sprintf("%q: it holds the root disk", s.GuestPath))
+			continue
+		}
+		if size := hugetlbfsPageSize(s.HostPath); size != 0 {
+			// A hugepages volume is how a pod is given huge pages; guest
+			// RAM takes them (see config.Resources.HugePageSize).
+			skipped = append(skipped, fmt.Sprintf("%q: a hugetlbfs volume", s.GuestPath))
+			hugePages = append(hugePages, size)
 			continue
 		}
 		qs.Shares = append(qs.Shares, qemu.Share{ID: fmt.Sprintf("%d", i), Tag: s.Tag, Path: s.HostPath, ReadOnly: s.ReadOnly})
@@ -38,7 +45,17 @@ func shares(ctx context.Context, spec *specs.Spec, qs *qemu.Spec, rootVolume *co
 	if len(skipped) > 0 {
 		log.G(ctx).WithField("mounts", strings.Join(skipped, "; ")).Info("mounts not shared with the vm")
 	}
-	return mounts
+	return mounts, hugePages
+}
+
+// hugetlbfsPageSize is the page size of the hugetlbfs at path, 0 when
+// path is not one.
+func hugetlbfsPageSize(path string) int64 {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil || st.Type != unix.HUGETLBFS_MAGIC {
+		return 0
+	}
+	return st.Bsize
 }
 
 // cloudInitFiles are the files of the VM's cloud-init NoCloud seed.

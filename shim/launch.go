@@ -27,6 +27,7 @@ import (
 	"github.com/vmshim/vmshim/network"
 	"github.com/vmshim/vmshim/oom"
 	"github.com/vmshim/vmshim/qemu"
+	"github.com/vmshim/vmshim/topology"
 )
 
 // launch is one Create on its way through Launch's steps: what the steps
@@ -60,8 +61,9 @@ type launch struct {
 	j            *jail.Jail     // nil when config jail is off
 	vfio         []hostdev.Node // the VFIO group nodes QEMU opens
 	vm           *qemuVM
-	fetched      *fetched   // the disk fetched by URL, if any
-	vnc          *vncServer // with vmshim.io/graphics vnc
+	fetched      *fetched        // the disk fetched by URL, if any
+	vnc          *vncServer      // with vmshim.io/graphics vnc
+	layout       topology.Layout // the vCPUs on the container's cpuset, if it has one
 
 	qs    qemu.Spec
 	fds   qemu.FDSet
@@ -322,7 +324,16 @@ func openBlockDevice(b hostdev.BlockDevice, extra int) (*os.File, error) {
 
 // shares exposes the container's volumes to the guest over virtio-9p.
 func (c *launch) shares(ctx context.Context) error {
-	c.mounts = shares(ctx, c.spec, &c.qs, c.desc.RootVolume)
+	var hugePages []int64
+	c.mounts, hugePages = shares(ctx, c.spec, &c.qs, c.desc.RootVolume)
+	// A hugetlbfs volume is how Kubernetes gives a pod huge pages; with
+	// containerd's default disable_hugetlb_controller the spec carries
+	// no hugepages limit, so the volume alone says guest RAM goes there.
+	for _, size := range hugePages {
+		if err := c.desc.OnHugePages(size, "a hugetlbfs volume"); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -486,7 +497,7 @@ func containerGroups(spec *specs.Spec) []uint32 {
 // qemu starts QEMU paused, in the VM's cgroup, network namespace and jail,
 // with its QMP and agent sockets as listening fds.
 func (c *launch) qemu(ctx context.Context) (err error) {
-	c.qs.Name, c.qs.CPUs, c.qs.MemoryMiB = c.r.ID, c.desc.VCPUs, c.desc.MemoryMiB
+	c.qs.Name = c.r.ID
 	c.qs.Sandbox, c.qs.Paused = c.cfg.Sandbox, true
 	c.qs.VNC, c.qs.Windows = c.desc.VNC, c.desc.Windows
 	c.qs.QMPSocket = filepath.Join(c.rec.RuntimeDir, "qmp.sock")

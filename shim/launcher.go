@@ -91,7 +91,9 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		{"cgroup", c.cgroup},
 		{"accelerator", c.accel},
 		{"jail", c.jail},
+		{"resources", c.resources},
 		{"qemu", c.qemu},
+		{"pin vcpus", c.newResizer},
 	} {
 		if err := step.do(ctx); err != nil {
 			c.logger.WithError(err).WithField("step", step.name).Debug("create failed")
@@ -300,6 +302,7 @@ type qemuVM struct {
 	stderr  io.Closer
 	hooks   *ociHooks
 	oom     *oom.Watcher // nil when the VM has no cgroup, or it could not be watched
+	resize  *resizer     // resizes the running VM; nil until it runs
 
 	closeOnce sync.Once // closes stderr and oom once
 }
@@ -334,9 +337,13 @@ func (v *qemuVM) ExitStatus() (int, time.Time) { return v.proc.ExitStatus() }
 // Stats reads the VM's cgroup.
 func (v *qemuVM) Stats(ctx context.Context) (proto.Message, error) { return v.limits.Stats(ctx) }
 
-// Update changes the VM's cgroup limits.
+// Update resizes the VM to new resources: its cgroup, vCPUs, guest RAM
+// and pinning.
 func (v *qemuVM) Update(ctx context.Context, r *specs.LinuxResources) error {
-	return v.limits.Update(ctx, r)
+	if v.resize == nil {
+		return v.limits.Update(ctx, r)
+	}
+	return v.resize.Update(ctx, r)
 }
 
 // GuestAgent returns the channel to the guest's agent, which can also

@@ -28,7 +28,7 @@ type cgroupLimits struct {
 }
 
 // cgroupResources is what a task's cgroup enforces: the spec's limits,
-// with the memory limit (and swap, kept equal) raised to guest RAM plus
+// with the memory limit (and swap, kept equal) set to guest RAM plus
 // overhead for a VM, and without device rules, which are meant for a
 // container's processes, not for QEMU (its devices are opened by the shim
 // or at start).
@@ -44,11 +44,11 @@ func (c *cgroupLimits) cgroupResources(r *specs.LinuxResources) *specs.LinuxReso
 		if out.Memory != nil {
 			mem = *out.Memory
 		}
-		mem.Limit = &limit
-		if mem.Swap != nil {
-			swap := limit
-			mem.Swap = &swap
-		}
+		// Swap is kept equal, and always set: cgroup v1 refuses a memory
+		// limit above memory.memsw.limit_in_bytes, so a VM that grows
+		// must raise both, memsw first (the cgroups library orders them).
+		swap := limit
+		mem.Limit, mem.Swap = &limit, &swap
 		out.Memory = &mem
 	}
 	return &out
