@@ -27,7 +27,8 @@ const (
 // 512 MiB, QEMU runs in the container's cgroup, filling guest RAM does not
 // OOM-kill it, stats report the VM, Pause stops its CPU use and Resume
 // restarts it, and UpdateContainerResources applies CPU limits and refuses
-// a memory change.
+// a memory change, since the VM has no vmshim.io/max-memory (TestCRIResize
+// resizes).
 func TestCRIResources(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*bootTimeout)
 	defer cancel()
@@ -159,7 +160,7 @@ func TestCRIResources(t *testing.T) {
 	}
 	_, err = c.runtime.UpdateContainerResources(ctx, &runtimeapi.UpdateContainerResourcesRequest{ContainerId: vm.id,
 		Linux: &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 100000, MemoryLimitInBytes: 1 << 30}})
-	if err == nil || !strings.Contains(err.Error(), "memory limit cannot change") {
+	if err == nil || !strings.Contains(err.Error(), "memory limit cannot change on a running VM: guest RAM can grow only up to vmshim.io/max-memory") {
 		t.Errorf("update memory: %v, want a refusal", err)
 	}
 	p.remove(t)

@@ -137,7 +137,7 @@ func secQEMU(t *testing.T, id string) (int, []string) {
 			continue
 		}
 		argv := strings.Split(strings.TrimSuffix(string(data), "\x00"), "\x00")
-		if strings.HasPrefix(filepath.Base(argv[0]), "qemu-system") && secHasPair(argv, "-name", "guest="+id) {
+		if strings.HasPrefix(filepath.Base(argv[0]), "qemu-system") && secHasPair(argv, "-name", "guest="+id+",debug-threads=on") {
 			return pid, argv
 		}
 	}

@@ -233,6 +233,9 @@ build_initrd() {
 	for m in virtio_pci virtio_net af_packet; do
 		add_module "$tree" "$m" "$root/lib/modules" "$root/lib/modules/order"
 	done
+	# virtio_mem grows and shrinks guest RAM when the shim resizes the VM;
+	# the shim's memhp_default_state=online_movable onlines what it adds.
+	add_module "$tree" virtio_mem "$root/lib/modules" "$root/lib/modules/order"
 	# The disk drivers the shim can attach a disk with: virtio_blk;
 	# virtio_scsi with sd_mod (and scsi_mod, scsi_common, t10-pi and the
 	# CRC modules it needs); nvme with nvme-core.
