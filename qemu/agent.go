@@ -448,6 +448,7 @@ func (a *Agent) SetOnlineVCPUs(ctx context.Context, n int) (online int, err erro
 	if err := a.call(ctx, "guest-set-vcpus", map[string]any{"vcpus": change}, &done); err != nil {
 		return 0, err
 	}
+	done = max(done, 0) // the guest's count: a negative one would panic below
 	for _, c := range change[:min(done, len(change))] {
 		if c.Online {
 			online++

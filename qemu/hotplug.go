@@ -114,8 +114,14 @@ func (c *Client) ResizeVirtioMem(ctx context.Context, requested int64) error {
 			return fmt.Errorf("guest holds %d MiB of %d MiB asked; the request is set back to %d MiB: %w", size>>20, requested>>20, before>>20, ctx.Err())
 		case <-t.C:
 		}
-		if size, _, err = c.VirtioMemSize(ctx); err != nil && ctx.Err() == nil {
+		// A poll cut short by ctx leaves size as last seen; the next
+		// turn sets the request back.
+		s, _, err := c.VirtioMemSize(ctx)
+		if err != nil && ctx.Err() == nil {
 			return err
+		}
+		if err == nil {
+			size = s
 		}
 	}
 	return nil
