@@ -25,6 +25,12 @@ func (k *kubeCluster) testAgentPod(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), kubeTimeout)
 	defer cancel()
 	pod := vmPod("agent", imageKernelAgent)
+	// One CPU and room to grow guest RAM, for the in-place resize.
+	pod.Annotations = map[string]string{"vmshim.io/max-memory": "512Mi"}
+	// (A CPU request below the limit keeps room on the 2-CPU node for 2
+	// CPUs and the RuntimeClass overhead.)
+	pod.Spec.Containers[0].Resources.Limits[corev1.ResourceCPU] = resource.MustParse("1")
+	pod.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(kubeCPURequest)}
 	pod.Spec.Containers[0].Stdin = true
 	pod.Spec.Containers[0].ReadinessProbe = execProbe(guestServes...)
 	p := k.runReadyPod(ctx, t, pod)
@@ -214,44 +220,62 @@ func (k *kubeCluster) testRouterOnlyPortForward(t *testing.T) {
 	k.deletePods(ctx, t, p.Name)
 }
 
-// testResize: guest RAM is fixed at boot until memory hotplug comes
-// (the resources issue), so an in-place resize of the memory limit
-// through the pod's resize subresource is refused: the kubelet reports
-// the shim's one-line reason in the pod's resize condition, and the
-// guest runs on as it was, with its RAM and without a restart.
+// kubeCPURequest is the agent pod's CPU request, below its limit.
+const kubeCPURequest = "100m"
+
+// testResize: an in-place resize through the pod's resize subresource
+// gives the running guest more vCPUs and RAM, and a second one takes them
+// back, without a restart: the kubelet calls UpdateContainerResources, and
+// the shim hot-plugs (under TCG, onlines) vCPUs and plugs or unplugs
+// virtio-mem memory. The pod's status reports the resources in force.
 func (k *kubeCluster) testResize(t *testing.T, p *corev1.Pod) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	const to = "384Mi"
 	before := k.guestMemTotal(ctx, t, p.Name)
-	patch := fmt.Sprintf(`{"spec":{"containers":[{"name":"vm","resources":{"limits":{"memory":%q}}}]}}`, to)
-	if _, err := k.client.CoreV1().Pods(kubeNamespace).Patch(ctx, p.Name, types.StrategicMergePatchType, []byte(patch),
-		metav1.PatchOptions{}, "resize"); err != nil {
-		t.Fatalf("patch resize: %v", err)
-	}
-	var failure corev1.PodCondition
-	got := k.waitPod(ctx, t, p.Name, "resize refused", func(p *corev1.Pod) bool {
-		for _, c := range p.Status.Conditions {
-			if (c.Type == corev1.PodResizeInProgress && c.Reason == corev1.PodReasonError) ||
-				(c.Type == corev1.PodResizePending && c.Reason == corev1.PodReasonInfeasible) {
-				failure = c
-				return true
-			}
+	for _, step := range []struct {
+		cpu, memory string
+		cpus        string // the guest's /sys/devices/system/cpu/online
+		grow        int64  // MemTotal change from boot, KiB
+	}{
+		{"2", "384Mi", "0-1", 128 << 10},
+		{"1", kubeGuestMemory, "0", 0},
+	} {
+		patch := fmt.Sprintf(`{"spec":{"containers":[{"name":"vm","resources":{"limits":{"cpu":%q,"memory":%q},"requests":{"cpu":%q,"memory":%q}}}]}}`,
+			step.cpu, step.memory, kubeCPURequest, step.memory)
+		if _, err := k.client.CoreV1().Pods(kubeNamespace).Patch(ctx, p.Name, types.StrategicMergePatchType, []byte(patch),
+			metav1.PatchOptions{}, "resize"); err != nil {
+			t.Fatalf("patch resize to cpu %s, memory %s: %v", step.cpu, step.memory, err)
 		}
-		return false
-	})
-	t.Logf("resize to %s: %s %s: %s", to, failure.Type, failure.Reason, failure.Message)
-	if !strings.Contains(failure.Message, "memory") || strings.Contains(failure.Message, "\n") {
-		t.Errorf("resize condition message %q: want one line naming the memory limit", failure.Message)
-	}
-	if r := got.Status.ContainerStatuses[0].Resources; r == nil || r.Limits.Memory().Cmp(resource.MustParse(kubeGuestMemory)) != 0 {
-		t.Errorf("the container's reported resources %v, want the memory limit still %s", r, kubeGuestMemory)
-	}
-	if n := got.Status.ContainerStatuses[0].RestartCount; n != 0 || !podReady(got) {
-		t.Errorf("after the refused resize the pod is Ready=%v with %d restarts, want Ready with none", podReady(got), n)
-	}
-	if after := k.guestMemTotal(ctx, t, p.Name); after != before {
-		t.Errorf("the guest's MemTotal went from %d to %d KiB on a refused resize", before, after)
+		got := k.waitPod(ctx, t, p.Name, "resized to cpu "+step.cpu+", memory "+step.memory, func(p *corev1.Pod) bool {
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodResizeInProgress && c.Reason == corev1.PodReasonError {
+					t.Fatalf("resize to cpu %s, memory %s failed: %s", step.cpu, step.memory, c.Message)
+				}
+			}
+			r := p.Status.ContainerStatuses[0].Resources
+			return !resizing(p) && r != nil && r.Limits.Memory().Cmp(resource.MustParse(step.memory)) == 0 &&
+				r.Limits.Cpu().Cmp(resource.MustParse(step.cpu)) == 0
+		})
+		if n := got.Status.ContainerStatuses[0].RestartCount; n != 0 || !podReady(got) {
+			t.Errorf("after the resize the pod is Ready=%v with %d restarts, want Ready with none", podReady(got), n)
+		}
+		deadline := time.Now().Add(resizeSeen)
+		var online string
+		for time.Now().Before(deadline) {
+			out, err := k.kubectlOK(ctx, "-n", kubeNamespace, "exec", p.Name, "--", "cat", "/sys/devices/system/cpu/online")
+			if online = strings.TrimSpace(out); err == nil && online == step.cpus {
+				break
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		memTotal := k.guestMemTotal(ctx, t, p.Name)
+		t.Logf("cpu %s, memory %s: guest cpus online %s, MemTotal %d KiB", step.cpu, step.memory, online, memTotal)
+		if online != step.cpus {
+			t.Errorf("cpu %s: guest cpus online %q, want %q", step.cpu, online, step.cpus)
+		}
+		if memTotal-before != step.grow {
+			t.Errorf("memory %s: the guest's MemTotal went from %d to %d KiB, want +%d", step.memory, before, memTotal, step.grow)
+		}
 	}
 }
 
