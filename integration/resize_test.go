@@ -51,10 +51,13 @@ func vcpuThreads(t *testing.T, pid int) map[int]string {
 }
 
 // update sends UpdateContainerResources with cpus CPUs of quota, a memory
-// limit and a cpuset ("" for none).
-func (c *criContainer) update(ctx context.Context, cpus int64, mem int64, cpuset string) error {
+// limit and a cpuset ("" for none), and logs how long it took.
+func (c *criContainer) update(ctx context.Context, t *testing.T, cpus int64, mem int64, cpuset string) error {
+	t.Helper()
+	start := time.Now()
 	_, err := c.p.c.runtime.UpdateContainerResources(ctx, &runtimeapi.UpdateContainerResourcesRequest{ContainerId: c.id,
 		Linux: &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: cpus * 100000, MemoryLimitInBytes: mem, CpusetCpus: cpuset}})
+	t.Logf("update to %d cpus, %d MiB, cpuset %q: %v in %v", cpus, mem>>20, cpuset, err == nil, time.Since(start).Round(time.Millisecond))
 	return err
 }
 
@@ -119,14 +122,14 @@ func TestCRIResize(t *testing.T) {
 
 	// Pinning.
 	assertThreads("cpuset 0", "0")
-	if err := vm.update(ctx, 1, bootMiB<<20, "1"); err != nil {
+	if err := vm.update(ctx, t, 1, bootMiB<<20, "1"); err != nil {
 		t.Fatalf("update cpuset 1: %v", err)
 	}
 	assertThreads("cpuset 1", "1")
 
 	// vCPUs.
 	vm.waitGuest(ctx, t, "0", "cat", "/sys/devices/system/cpu/online")
-	if err := vm.update(ctx, 2, bootMiB<<20, "0-1"); err != nil {
+	if err := vm.update(ctx, t, 2, bootMiB<<20, "0-1"); err != nil {
 		t.Fatalf("update to 2 cpus: %v", err)
 	}
 	vm.waitGuest(ctx, t, "0-1", "cat", "/sys/devices/system/cpu/online")
@@ -137,16 +140,16 @@ func TestCRIResize(t *testing.T) {
 	if got := p.cgroup.readInt(t, "cpu", vm.id, "cpu.cfs_quota_us"); got != 200000 {
 		t.Errorf("2 cpus: cpu.cfs_quota_us %d, want 200000", got)
 	}
-	if err := vm.update(ctx, 1, bootMiB<<20, "0-1"); err != nil {
+	if err := vm.update(ctx, t, 1, bootMiB<<20, "0-1"); err != nil {
 		t.Fatalf("update back to 1 cpu: %v", err)
 	}
 	vm.waitGuest(ctx, t, "0", "cat", "/sys/devices/system/cpu/online")
 	assertThreads("1 cpu on cpuset 0-1", "0", "1")
-	if err := vm.update(ctx, 2, bootMiB<<20, "0-1"); err != nil {
+	if err := vm.update(ctx, t, 2, bootMiB<<20, "0-1"); err != nil {
 		t.Fatalf("update to 2 cpus again: %v", err)
 	}
 	vm.waitGuest(ctx, t, "0-1", "cat", "/sys/devices/system/cpu/online")
-	if err := vm.update(ctx, 1, bootMiB<<20, "0-1"); err != nil {
+	if err := vm.update(ctx, t, 1, bootMiB<<20, "0-1"); err != nil {
 		t.Fatalf("update back to 1 cpu again: %v", err)
 	}
 	vm.waitGuest(ctx, t, "0", "cat", "/sys/devices/system/cpu/online")
@@ -156,7 +159,7 @@ func TestCRIResize(t *testing.T) {
 	if got := memLimit(); got != bootMiB<<20+memoryOverhead {
 		t.Errorf("cgroup memory limit %d, want %d", got, bootMiB<<20+memoryOverhead)
 	}
-	if err := vm.update(ctx, 1, 1<<30, "0-1"); err != nil {
+	if err := vm.update(ctx, t, 1, 1<<30, "0-1"); err != nil {
 		t.Fatalf("update memory to 1Gi: %v", err)
 	}
 	grown := memTotal()
@@ -171,7 +174,7 @@ func TestCRIResize(t *testing.T) {
 	if r := st.GetResources().GetLinux(); r.GetMemoryLimitInBytes() != 1<<30 || r.GetCpuQuota() != 100000 {
 		t.Errorf("ContainerStatus resources %v, want a 1Gi memory limit and 1 cpu", r)
 	}
-	if err := vm.update(ctx, 1, bootMiB<<20, "0-1"); err != nil {
+	if err := vm.update(ctx, t, 1, bootMiB<<20, "0-1"); err != nil {
 		t.Fatalf("update memory back to 512Mi: %v", err)
 	}
 	if after := memTotal(); after != before {
@@ -190,7 +193,7 @@ func TestCRIResize(t *testing.T) {
 		{1, 3 << 30, "memory limit of 3072 MiB is more than the 2048 MiB guest RAM can grow to (vmshim.io/max-memory)"},
 		{17, bootMiB << 20, "cpu limit of 17 vcpus is more than the 16 the guest can have"},
 	} {
-		err := vm.update(ctx, bad.cpus, bad.mem, "0-1")
+		err := vm.update(ctx, t, bad.cpus, bad.mem, "0-1")
 		if err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("update to %d cpus, %d MiB: %v, want %q", bad.cpus, bad.mem>>20, err, bad.want)
 		}
