@@ -8,6 +8,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/qemu"
 	"github.com/vmshim/vmshim/topology"
 )
@@ -44,12 +45,14 @@ func (c *launch) resources(context.Context) error {
 	}
 	// QEMU 7.2's TCG aborts when a vCPU is hot-plugged once its
 	// translation cache has filled (an initial region for the new
-	// vCPU's thread), which a booted guest soon does. Under TCG the VM
-	// has at boot the vCPUs a resize may reach, up to the host's CPU
-	// count, and those beyond VCPUs stay offline in the guest: maxcpus=
-	// keeps a kernel boot from bringing them up, and the resizer takes
-	// them offline through the guest agent otherwise.
-	if c.qs.Accel != qemu.AccelKVM && r.MaxVCPUs > c.desc.VCPUs {
+	// vCPU's thread), which a booted guest soon does. Under TCG a VM
+	// whose vCPUs follow a CPU limit has at boot the vCPUs a resize may
+	// reach, up to the host's CPU count, and those beyond VCPUs stay
+	// offline in the guest: maxcpus= keeps a kernel boot from bringing
+	// them up, and the resizer takes them offline through the guest
+	// agent otherwise.
+	_, cpuLimit := config.VCPUsForCPU(cpuResources(c.spec))
+	if c.qs.Accel != qemu.AccelKVM && cpuLimit && !r.VCPUsFixed && r.MaxVCPUs > c.desc.VCPUs {
 		c.qs.PluggedCPUs = max(c.desc.VCPUs, min(r.MaxVCPUs, runtime.NumCPU()))
 		if c.qs.PluggedCPUs > c.desc.VCPUs && c.qs.Kernel != "" {
 			c.qs.Append = strings.TrimSpace(c.qs.Append + " maxcpus=" + strconv.Itoa(c.desc.VCPUs))
@@ -93,6 +96,14 @@ func (c *launch) newResizer(ctx context.Context) error {
 		go z.settle(c.vm.proc.Done())
 	}
 	return z.pin(ctx, c.layout)
+}
+
+// cpuResources is spec's linux.resources.cpu, or nil.
+func cpuResources(spec *specs.Spec) *specs.LinuxCPU {
+	if r := linuxResources(spec); r != nil {
+		return r.CPU
+	}
+	return nil
 }
 
 // linuxResources is spec's linux.resources, or nil.
