@@ -182,8 +182,16 @@ func (z *resizer) wantCpuset(r *specs.LinuxResources, vcpus int) (cpus, mems top
 		numa = append(numa, n.HostNode)
 	}
 	if fmt.Sprint(numa) != fmt.Sprint(z.numa) {
-		return nil, nil, layout, fmt.Errorf("cpuset cpus %s span host nodes %v, and the guest booted with NUMA nodes on %v; recreate the pod to change them: %w",
-			cpus, numa, z.numa, errdefs.ErrInvalidArgument)
+		what := fmt.Sprintf("span host nodes %v", numa)
+		if len(numa) == 0 {
+			what = "lie in one host node"
+		}
+		booted := fmt.Sprintf("with NUMA nodes on host nodes %v", z.numa)
+		if len(z.numa) == 0 {
+			booted = "without NUMA nodes"
+		}
+		return nil, nil, layout, fmt.Errorf("cpuset cpus %s %s, and the guest booted %s; recreate the pod to change its NUMA nodes: %w",
+			cpus, what, booted, errdefs.ErrInvalidArgument)
 	}
 	return cpus, mems, layout, nil
 }
