@@ -602,6 +602,21 @@ func TestCgroupV1Real(t *testing.T) {
 	checkCgroupFile(t, filepath.Join(cgroupRoot, "memory", path, "memory.limit_in_bytes"), "134217728")
 	checkCgroupFile(t, filepath.Join(cgroupRoot, "cpu", path, "cpu.cfs_quota_us"), "20000")
 
+	// A VM that grows raises memory+swap with its memory limit, and the
+	// kernel refuses a memory limit above memory.memsw.limit_in_bytes.
+	if _, err := os.Stat(filepath.Join(cgroupRoot, "memory", path, "memory.memsw.limit_in_bytes")); err == nil {
+		for _, mib := range []int64{128, 256, 96} {
+			r := testCgroupResources(mib<<20, 20000)
+			swap := mib << 20
+			r.Memory.Swap = &swap
+			if err := cg.Update(r); err != nil {
+				t.Fatalf("update to %d MiB with as much memory+swap: %v", mib, err)
+			}
+			checkCgroupFile(t, filepath.Join(cgroupRoot, "memory", path, "memory.limit_in_bytes"), fmt.Sprint(mib<<20))
+			checkCgroupFile(t, filepath.Join(cgroupRoot, "memory", path, "memory.memsw.limit_in_bytes"), fmt.Sprint(mib<<20))
+		}
+	}
+
 	var usage uint64
 	for deadline := time.Now().Add(5 * time.Second); usage == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		st, err := cg.Stats()
