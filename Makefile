@@ -24,7 +24,7 @@ ETCD_DIR     := $(VMSHIM_CACHE)/tools/etcd-$(ETCD_VERSION)
 KUBE_DIR     := $(VMSHIM_CACHE)/tools/kubernetes-$(KUBE_VERSION)
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: help build install setup guest cloud-guest uefi-guest unit fuzz integration test test-reliability bench demo clean
+.PHONY: help build install setup deps kube guest cloud-guest uefi-guest unit fuzz integration test test-reliability bench demo clean
 
 help: ## show this help
 	@awk -F':.*## ' '/^[a-z0-9-]+:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -36,11 +36,15 @@ install: build ## install the shim and vmshim-pack into $(PREFIX)/bin
 	install -D -m 0755 $(BIN)/containerd-shim-vm-v2 $(DESTDIR)$(PREFIX)/bin/containerd-shim-vm-v2
 	install -D -m 0755 $(BIN)/vmshim-pack $(DESTDIR)$(PREFIX)/bin/vmshim-pack
 
-setup: ## install Debian packages, build containerd, its runc shim, nerdctl, etcd and Kubernetes (idempotent, cached)
+setup: deps kube ## install and build everything the tests need (idempotent, cached)
+
+deps: ## install Debian packages, build containerd, its runc shim and nerdctl (idempotent, cached)
 	CONTAINERD_VERSION=$(CONTAINERD_VERSION) NERDCTL_VERSION=$(NERDCTL_VERSION) integration/setup/deps.sh >/dev/null
+
+kube: deps ## build etcd and Kubernetes for the Kubernetes tests (idempotent, cached)
 	ETCD_VERSION=$(ETCD_VERSION) KUBE_VERSION=$(KUBE_VERSION) integration/setup/kube.sh >/dev/null
 
-guest: setup build ## build the test guests from Debian packages (cached)
+guest: deps build ## build the test guests from Debian packages (cached)
 	VMSHIM_PACK=$(BIN)/vmshim-pack integration/guest/build.sh $(GUEST_DIR)
 
 cloud-guest: guest ## build the Debian cloud-init test guest with debootstrap (cached)
@@ -89,7 +93,7 @@ IT_ENV := VMSHIM_INTEGRATION=1 VMSHIM_BIN=$(BIN) VMSHIM_CONTAINERD=$(CONTAINERD_
 VMSHIM_CHURN ?= 20
 RELIABILITY := ^(TestChurn|TestFault.*|TestBadInput.*|TestBadImages.*|TestSecurity.*|TestQEMUKilled|TestShimKilled|TestCRIQEMUKilled|TestCRIShimKilled|TestCRIContainerdRestart)$$
 
-integration: guest cloud-guest uefi-guest ## run the integration tests against a real containerd, QEMU and guests
+integration: kube guest cloud-guest uefi-guest ## run the integration tests against a real containerd, QEMU and guests
 	$(IT_ENV) VMSHIM_GUEST_TEST=1 VMSHIM_GUEST_DIR=$(GUEST_DIR) \
 		$(GO) test -count=1 -timeout 40m -v ./integration/...
 
