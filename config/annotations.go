@@ -103,25 +103,23 @@ func parseAnnotations(cfg Config, in map[string]string) (annotations, error) {
 		}
 		a.vcpus = n
 	}
-	if v, ok := in[AnnotationMemory]; ok {
+	for _, q := range []struct {
+		key string
+		to  *int64
+	}{{AnnotationMemory, &a.memoryBytes}, {AnnotationMaxMemory, &a.maxMemoryBytes}} {
+		key, to := q.key, q.to
+		v, ok := in[key]
+		if !ok {
+			continue
+		}
 		n, err := parseBytes(v)
 		if err != nil {
-			return a, annotationErr(AnnotationMemory, "%v", err)
+			return a, annotationErr(key, "%v", err)
 		}
 		if n < MinMemory || n > mustBytes(cfg.MaxMemory) {
-			return a, annotationErr(AnnotationMemory, "%q is not in 64Mi..%s (max_memory)", v, cfg.MaxMemory)
+			return a, annotationErr(key, "%q is not in 64Mi..%s (max_memory)", v, cfg.MaxMemory)
 		}
-		a.memoryBytes = n
-	}
-	if v, ok := in[AnnotationMaxMemory]; ok {
-		n, err := parseBytes(v)
-		if err != nil {
-			return a, annotationErr(AnnotationMaxMemory, "%v", err)
-		}
-		if n < MinMemory || n > mustBytes(cfg.MaxMemory) {
-			return a, annotationErr(AnnotationMaxMemory, "%q is not in 64Mi..%s (max_memory)", v, cfg.MaxMemory)
-		}
-		a.maxMemoryBytes = n
+		*to = n
 	}
 	if v, ok := in[AnnotationDiskDriver]; ok {
 		if !validDiskDriver(v) {
