@@ -61,8 +61,10 @@ func FuzzPlan(f *testing.F) {
 			}
 			used[node(c)] = true
 		}
+		// mems binds guest RAM only through guest NUMA nodes; on one host
+		// node the cgroup's cpuset.mems places it.
 		for n := range used {
-			if len(mems) > 0 && !mems.Contains(n) {
+			if len(used) > 1 && len(mems) > 0 && !mems.Contains(n) {
 				t.Fatalf("vCPUs on host node %d, which mems %s refuses", n, mems)
 			}
 		}
