@@ -96,6 +96,27 @@ func badAnnotations(t *testing.T) []badInput {
 			want: "annotation vmshim.io/kernel-cmdline: 4097 bytes, more than 4096"},
 		{name: "unknown-annotation", ann: map[string]string{"vmshim.io/cpus": "2", "vmshim.io/vcpus": "1"},
 			want: "unknown annotation vmshim.io/cpus"},
+		{name: "cpu-topology-word", ann: oneAnn(config.AnnotationCPUTopology, "sockets=1,cores=x,threads=1"),
+			want: `annotation vmshim.io/cpu-topology: "sockets=1,cores=x,threads=1": cores: "x" is not a whole number`},
+		{name: "cpu-topology-above-max", ann: oneAnn(config.AnnotationCPUTopology, "sockets=4,cores=4,threads=2"),
+			want: "annotation vmshim.io/cpu-topology: sockets=4,cores=4,threads=2 holds 32 vcpus, want 1..16"},
+		{name: "max-memory-word", ann: oneAnn(config.AnnotationMaxMemory, "lots"), want: `annotation vmshim.io/max-memory: "lots" is not a quantity (e.g. 512Mi)`},
+		{name: "max-memory-below-guest-ram", ann: oneAnn(config.AnnotationMaxMemory, "128Mi"), opts: []oci.SpecOpts{oci.WithMemoryLimit(256 << 20)},
+			want: "annotation vmshim.io/max-memory: 128 MiB is less than the 256 MiB of guest RAM at boot"},
+		{name: "hugepages-not-guest-ram", ann: oneAnn(config.AnnotationMemory, "256Mi"), opts: []oci.SpecOpts{withHugepages("2MB", 128<<20)},
+			want: "hugepages-2Mi limit 128 MiB does not match guest RAM 256 MiB (annotation vmshim.io/memory)"},
+		{name: "cpuset-word", opts: []oci.SpecOpts{oci.WithCPUs("0-x")}, want: "spec linux.resources.cpu.cpus: "},
+	}
+}
+
+// withHugepages gives the spec a hugepages limit.
+func withHugepages(size string, limit uint64) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
+		if s.Linux.Resources == nil {
+			s.Linux.Resources = &specs.LinuxResources{}
+		}
+		s.Linux.Resources.HugepageLimits = []specs.LinuxHugepageLimit{{Pagesize: size, Limit: limit}}
+		return nil
 	}
 }
 
@@ -112,6 +133,7 @@ func badConfigs() []badInput {
 		{name: "config-default-memory", config: `default_memory = "x"`, want: `default_memory: "x" is not a quantity (e.g. 512Mi)`},
 		{name: "config-max-memory", config: `max_memory = "32Mi"`, want: `max_memory: "32Mi" is less than 64Mi`},
 		{name: "config-max-vcpus", config: "max_vcpus = 0", want: "max_vcpus: 0 is not in 1..288"},
+		{name: "config-default-max-memory", config: `default_max_memory = "32Gi"`, want: `default_max_memory: "32Gi" is not in 64Mi..16Gi (max_memory)`},
 		{name: "config-max-vcpus-type", config: `max_vcpus = "four"`, want: "max_vcpus"},
 		{name: "config-disk-driver", config: `disk_driver = "floppy"`, want: `disk_driver: "floppy" is not one of virtio-blk, virtio-scsi, nvme, sata, ide`},
 		{name: "config-boot-timeout", config: `boot_timeout = "soon"`, want: `boot_timeout: "soon" is not a duration (e.g. 60s)`},

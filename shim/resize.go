@@ -74,7 +74,7 @@ func (z *resizer) Update(ctx context.Context, r *specs.LinuxResources) error {
 	if err != nil {
 		return err
 	}
-	cpus, mems, layout, err := z.wantCpuset(r, vcpus)
+	cpus, mems, layout, err := z.wantCpuset(r)
 	if err != nil {
 		return err
 	}
@@ -89,7 +89,9 @@ func (z *resizer) Update(ctx context.Context, r *specs.LinuxResources) error {
 	}
 	undoMemory := func() {
 		if memMiB != oldMem {
-			if uerr := z.resizeMemory(context.WithoutCancel(ctx), z.applied, oldMem); uerr != nil {
+			uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), resizeTimeout)
+			defer ucancel()
+			if uerr := z.resizeMemory(uctx, z.applied, oldMem); uerr != nil {
 				z.logger.WithError(uerr).Warn("resize: could not give the guest back its memory")
 			}
 		}
@@ -106,10 +108,12 @@ func (z *resizer) Update(ctx context.Context, r *specs.LinuxResources) error {
 		return err
 	}
 	// Writing cpuset.cpus resets every thread's affinity to the new set:
-	// pin again after every cgroup update.
+	// pin again after every cgroup update. The new resources are in
+	// force by now, so a failure to pin leaves the vCPUs free within the
+	// cgroup's cpuset, and is logged.
 	z.cpus, z.mems = cpus, mems
 	if err := z.pin(ctx, layout); err != nil {
-		return err
+		z.logger.WithError(err).Warn("resize: vcpus left unpinned within the cpuset")
 	}
 	z.applied = r
 	if r.Memory != nil && r.Memory.Limit != nil && *r.Memory.Limit > 0 {
@@ -160,7 +164,7 @@ func (z *resizer) wantMemory(r *specs.LinuxResources) (int, error) {
 // wantCpuset parses r's cpuset and plans the vCPUs on it. The guest's
 // NUMA nodes are fixed at boot, so a cpuset that would need others is
 // refused.
-func (z *resizer) wantCpuset(r *specs.LinuxResources, vcpus int) (cpus, mems topology.CPUSet, layout topology.Layout, err error) {
+func (z *resizer) wantCpuset(r *specs.LinuxResources) (cpus, mems topology.CPUSet, layout topology.Layout, err error) {
 	if r.CPU == nil || r.CPU.Cpus == "" {
 		return nil, nil, topology.Layout{}, nil
 	}

@@ -96,7 +96,7 @@ func TestResizerWants(t *testing.T) {
 			var cpus topology.CPUSet
 			var layout topology.Layout
 			if err == nil {
-				cpus, _, layout, err = z.wantCpuset(tt.r, vcpus)
+				cpus, _, layout, err = z.wantCpuset(tt.r)
 			}
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || strings.Contains(err.Error(), "\n") {
