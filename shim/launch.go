@@ -44,26 +44,25 @@ type launch struct {
 	ns       string
 	logger   *log.Entry
 
-	desc         *config.VM
-	firmwareFrom string // what chose desc.Firmware, for errors: the annotation or the image label
-	rec          *record
-	filesDir     *image.FilesDir // the VM's files directory in the rootfs, once made
-	boot         *image.Boot
-	rootDir      string // the rootfs the image is in
-	img          image.QEMUImg
-	binary       string // QEMU, an absolute path
-	mounts       []cloudinit.Mount
-	console      net.Conn
-	nsPath       string
-	hooks        *ociHooks
-	netw         *network.Network
-	limits       *cgroupLimits
-	j            *jail.Jail     // nil when config jail is off
-	vfio         []hostdev.Node // the VFIO group nodes QEMU opens
-	vm           *qemuVM
-	fetched      *fetched        // the disk fetched by URL, if any
-	vnc          *vncServer      // with vmshim.io/graphics vnc
-	layout       topology.Layout // the vCPUs on the container's cpuset, if it has one
+	desc     *config.VM
+	rec      *record
+	filesDir *image.FilesDir // the VM's files directory in the rootfs, once made
+	boot     *image.Boot
+	rootDir  string // the rootfs the image is in
+	img      image.QEMUImg
+	binary   string // QEMU, an absolute path
+	mounts   []cloudinit.Mount
+	console  net.Conn
+	nsPath   string
+	hooks    *ociHooks
+	netw     *network.Network
+	limits   *cgroupLimits
+	j        *jail.Jail     // nil when config jail is off
+	vfio     []hostdev.Node // the VFIO group nodes QEMU opens
+	vm       *qemuVM
+	fetched  *fetched        // the disk fetched by URL, if any
+	vnc      *vncServer      // with vmshim.io/graphics vnc
+	layout   topology.Layout // the vCPUs on the container's cpuset, if it has one
 
 	qs    qemu.Spec
 	fds   qemu.FDSet
@@ -129,10 +128,6 @@ func (c *launch) resolve(ctx context.Context) error {
 	if c.desc, err = config.Resolve(c.cfg, c.r.ID, c.spec); err != nil {
 		return err
 	}
-	c.firmwareFrom = "annotation " + config.AnnotationFirmware
-	if err := c.imageLabels(ctx); err != nil {
-		return err
-	}
 	if err := newOCIHooks(c.r.ID, c.r.Bundle, c.spec, "").check(); err != nil {
 		return err
 	}
@@ -144,28 +139,6 @@ func (c *launch) resolve(ctx context.Context) error {
 	}
 	c.img.Prlimit, err = program("util-linux", "prlimit")
 	return err
-}
-
-// imageLabels applies what the image says through its OCI labels, which
-// containerd keeps as the container's labels, where no annotation says
-// otherwise: the firmware (config.LabelFirmware).
-func (c *launch) imageLabels(ctx context.Context) error {
-	if c.desc.Firmware != "" {
-		return nil
-	}
-	labels, err := containerLabels(ctx, c.launcher.containerd, c.ns, c.r.ID)
-	if err != nil {
-		return err
-	}
-	fw, ok := labels[config.LabelFirmware]
-	if !ok {
-		return nil
-	}
-	if err := config.CheckFirmware("image label "+config.LabelFirmware, fw); err != nil {
-		return err
-	}
-	c.desc.Firmware, c.firmwareFrom = fw, "image label "+config.LabelFirmware
-	return nil
 }
 
 // program finds a command (what names where it comes from: a config

@@ -27,14 +27,20 @@ const vncTimeout = 5 * time.Second
 // variables store of its own made from the template. The store lives in
 // the VM's files directory, or, with a root disk kept on a filesystem
 // volume, on the volume beside it, where it is kept too.
-func (c *launch) firmware(context.Context) error {
+func (c *launch) firmware(ctx context.Context) error {
 	fw := c.desc.Firmware
+	if fw == "" && (c.boot.Disk != "" || c.boot.ISO != "") {
+		var err error
+		if fw, err = c.imageFirmware(ctx); err != nil {
+			return err
+		}
+	}
 	if fw == "" || fw == config.FirmwareBIOS {
 		return nil
 	}
 	if c.boot.Disk == "" && c.boot.ISO == "" {
-		return fmt.Errorf("%s: %s boots a disk, and the image boots a kernel directly: %w",
-			c.firmwareFrom, fw, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("annotation %s: %s boots a disk, and the image boots a kernel directly: %w",
+			config.AnnotationFirmware, fw, errdefs.ErrInvalidArgument)
 	}
 	codeKey, code, varsKey, vars := "uefi_code", c.cfg.UEFICode, "uefi_vars", c.cfg.UEFIVars
 	if fw == config.FirmwareUEFISecure {
@@ -56,6 +62,27 @@ func (c *launch) firmware(context.Context) error {
 	}
 	c.qs.Firmware = &qemu.Firmware{Code: c.fdSet(codeFile), Vars: c.fdSet(store), SecureBoot: fw == config.FirmwareUEFISecure}
 	return nil
+}
+
+// imageFirmware is the firmware the image names with its OCI label
+// (config.LabelFirmware), "" for none. containerd keeps an image's labels
+// as its containers' labels, which the task API does not carry: they are
+// read from containerd, only for a VM that boots a disk, since a kernel
+// boot takes no firmware.
+func (c *launch) imageFirmware(ctx context.Context) (string, error) {
+	labels, err := containerLabels(ctx, c.launcher.containerd, c.ns, c.r.ID)
+	if err != nil {
+		return "", err
+	}
+	fw, ok := labels[config.LabelFirmware]
+	if !ok {
+		return "", nil
+	}
+	if err := config.CheckFirmware("image label "+config.LabelFirmware, fw); err != nil {
+		return "", err
+	}
+	c.desc.Firmware = fw
+	return fw, nil
 }
 
 // varsStore returns the VM's UEFI variables store, read-write: the one
