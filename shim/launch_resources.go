@@ -86,7 +86,7 @@ func (c *launch) newResizer(ctx context.Context) error {
 		cpus: r.CPUs, mems: r.Mems,
 	}
 	if c.qs.ResizeMiB == 0 && z.memFixedBy == "" {
-		z.memFixedBy = "guest RAM is already max_memory"
+		z.memFixedBy = "guest RAM is already at vmshim.io/max-memory"
 	}
 	for _, n := range c.layout.Nodes {
 		z.numa = append(z.numa, n.HostNode)

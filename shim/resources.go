@@ -46,7 +46,7 @@ func (c *cgroupLimits) cgroupResources(r *specs.LinuxResources) *specs.LinuxReso
 		}
 		// Swap is kept equal, and always set: cgroup v1 refuses a memory
 		// limit above memory.memsw.limit_in_bytes, so a VM that grows
-		// must raise both, memsw first (the cgroups library orders them).
+		// must raise both, memsw first (v1Cgroup.Update sees to that).
 		swap := limit
 		mem.Limit, mem.Swap = &limit, &swap
 		out.Memory = &mem
