@@ -126,6 +126,21 @@ func startTTY(t *testing.T, s *service, agent *fakeAgent, id string, args []stri
 	return c
 }
 
+// startShell starts terminal exec "e", sh in a 24×80 window.
+func startShell(t *testing.T, s *service, agent *fakeAgent) *ttyClient {
+	t.Helper()
+	return startTTY(t, s, agent, "e", []string{"sh"}, &winSize{rows: 24, cols: 80})
+}
+
+// shellTTY starts terminal exec "e", sh in a 24×80 window, on a fake VM
+// whose guest agent is a ttyAgent.
+func shellTTY(t *testing.T) (*fakeAgent, *service, *fakeVM, *ttyClient) {
+	t.Helper()
+	agent := ttyAgent()
+	s, _, vm := execVM(t, agent)
+	return agent, s, vm, startShell(t, s, agent)
+}
+
 // typeIn writes to the terminal's stdin.
 func (c *ttyClient) typeIn(t *testing.T, s string) {
 	t.Helper()
@@ -269,10 +284,8 @@ func TestClampSize(t *testing.T) {
 // TestTTYResizesMerged: sizes that come while one is applied in the guest
 // are merged into the latest; ResizePty never waits for the guest.
 func TestTTYResizesMerged(t *testing.T) {
-	agent := ttyAgent()
-	s, _, _ := execVM(t, agent)
+	agent, s, _, c := shellTTY(t)
 	ctx := context.Background()
-	c := startTTY(t, s, agent, "e", []string{"sh"}, &winSize{rows: 24, cols: 80})
 	held := agent.holdCalls(func(a *agentCall) bool { return a.name == "exec" && programOf(a.cmd) == ttyResizeName })
 	resize := func(w, h uint32) {
 		t.Helper()
@@ -405,10 +418,8 @@ func TestTTYNeverOpened(t *testing.T) {
 // SIGKILL the guest never reports still ends the exec, with 137, and its
 // port is removed.
 func TestTTYKill(t *testing.T) {
-	agent := ttyAgent()
-	s, _, _ := execVM(t, agent)
+	agent, s, _, c := shellTTY(t)
 	ctx := context.Background()
-	c := startTTY(t, s, agent, "e", []string{"sh"}, &winSize{rows: 24, cols: 80})
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		if _, err := s.Kill(ctx, &taskAPI.KillRequest{ID: "vm1", ExecID: "e", Signal: uint32(sig)}); err != nil {
 			t.Fatalf("kill %d: %v", sig, err)
@@ -431,9 +442,7 @@ func TestTTYKill(t *testing.T) {
 // TestTTYEndsWithVM: when the VM goes, the terminal exec ends with 137,
 // no QMP call is made for its port, and its output ends.
 func TestTTYEndsWithVM(t *testing.T) {
-	agent := ttyAgent()
-	s, _, vm := execVM(t, agent)
-	c := startTTY(t, s, agent, "e", []string{"sh"}, &winSize{rows: 24, cols: 80})
+	agent, s, vm, c := shellTTY(t)
 	vm.exit(0)
 	if code := waitExec(t, s, "e"); code != 137 {
 		t.Errorf("exit %d, want 137", code)
@@ -456,9 +465,7 @@ func TestTTYEndsWithVM(t *testing.T) {
 func TestTTYHangup(t *testing.T) {
 	for _, how := range []string{"stdin closed", "CloseIO"} {
 		t.Run(how, func(t *testing.T) {
-			agent := ttyAgent()
-			s, _, _ := execVM(t, agent)
-			c := startTTY(t, s, agent, "e", []string{"sh"}, &winSize{rows: 24, cols: 80})
+			agent, s, _, c := shellTTY(t)
 			if how == "CloseIO" {
 				if _, err := s.CloseIO(context.Background(), &taskAPI.CloseIORequest{ID: "vm1", ExecID: "e", Stdin: true}); err != nil {
 					t.Fatal(err)
@@ -478,10 +485,8 @@ func TestTTYHangup(t *testing.T) {
 // held in the guest; the resize, answered last, changes nothing and the
 // session ends cleanly.
 func TestTTYReordered(t *testing.T) {
-	agent := ttyAgent()
-	s, _, _ := execVM(t, agent)
+	agent, s, _, c := shellTTY(t)
 	ctx := context.Background()
-	c := startTTY(t, s, agent, "e", []string{"sh"}, &winSize{rows: 24, cols: 80})
 	held := agent.holdCalls(func(a *agentCall) bool { return a.name == "exec" && programOf(a.cmd) == ttyResizeName })
 	if _, err := s.ResizePty(ctx, &taskAPI.ResizePtyRequest{ID: "vm1", ExecID: "e", Width: 100, Height: 40}); err != nil {
 		t.Fatal(err)
@@ -508,7 +513,7 @@ func TestTTYCleanup(t *testing.T) {
 	agent := ttyAgent()
 	s, _, _ := execVM(t, agent)
 	before := goruntime.NumGoroutine()
-	c := startTTY(t, s, agent, "e", []string{"sh"}, &winSize{rows: 24, cols: 80})
+	c := startShell(t, s, agent)
 	c.typeIn(t, "x")
 	c.out.waitFor(t, "x")
 	agent.end(ttyRunName, qemu.GuestExecStatus{})
@@ -571,10 +576,8 @@ func TestTTYSecondOpen(t *testing.T) {
 // resize, signal, hangup, end) and checks every guest agent and QMP call
 // had a deadline.
 func TestTTYCallsHaveDeadlines(t *testing.T) {
-	agent := ttyAgent()
-	s, _, _ := execVM(t, agent)
+	agent, s, _, c := shellTTY(t)
 	ctx := context.Background()
-	c := startTTY(t, s, agent, "e", []string{"sh"}, &winSize{rows: 24, cols: 80})
 	if _, err := s.ResizePty(ctx, &taskAPI.ResizePtyRequest{ID: "vm1", ExecID: "e", Width: 90, Height: 30}); err != nil {
 		t.Fatal(err)
 	}
@@ -643,7 +646,7 @@ func pendingTTYOpen(t *testing.T, s *service, agent *fakeAgent) (*agentCall, <-c
 func pendingTTYResize(t *testing.T, s *service, agent *fakeAgent) (*agentCall, <-chan error) {
 	t.Helper()
 	agent.openPorts, agent.hang[ttyRunName] = true, true
-	startTTY(t, s, agent, "e", []string{"sh"}, &winSize{rows: 24, cols: 80})
+	startShell(t, s, agent)
 	return held(t, agent, "exec", func() error {
 		_, err := s.ResizePty(context.Background(), &taskAPI.ResizePtyRequest{ID: "vm1", ExecID: "e", Width: 100, Height: 30})
 		return err
@@ -655,7 +658,7 @@ func pendingTTYResize(t *testing.T, s *service, agent *fakeAgent) (*agentCall, <
 func pendingTTYRemove(t *testing.T, s *service, agent *fakeAgent) (*agentCall, <-chan error) {
 	t.Helper()
 	agent.openPorts, agent.hang[ttyRunName] = true, true
-	startTTY(t, s, agent, "e", []string{"sh"}, &winSize{rows: 24, cols: 80})
+	startShell(t, s, agent)
 	return held(t, agent, "removeport", func() error {
 		agent.end(ttyRunName, qemu.GuestExecStatus{})
 		return nil
