@@ -64,11 +64,11 @@ func TestTaskEventOrder(t *testing.T) {
 	checkTaskOrder(t, got, "done", "running")
 }
 
-// runExec runs a command in the VM to its end and returns its stdout.
-func runExec(ctx context.Context, t *testing.T, v *vm, id string, args ...string) string {
+// execProcess starts p as exec id of v's task, its IO made by creator,
+// and returns it with the channel its exit comes on.
+func execProcess(ctx context.Context, t *testing.T, v *vm, id string, p *specs.Process, creator cio.Creator) (client.Process, <-chan client.ExitStatus) {
 	t.Helper()
-	var stdout bytes.Buffer
-	proc, err := v.task.Exec(ctx, id, &specs.Process{Args: args, Cwd: "/"}, cio.NewCreator(cio.WithStreams(nil, &stdout, io.Discard)))
+	proc, err := v.task.Exec(ctx, id, p, creator)
 	if err != nil {
 		t.Fatalf("exec %s: %v", id, err)
 	}
@@ -79,6 +79,14 @@ func runExec(ctx context.Context, t *testing.T, v *vm, id string, args ...string
 	if err := proc.Start(ctx); err != nil {
 		t.Fatalf("exec %s start: %v", id, err)
 	}
+	return proc, statusC
+}
+
+// runExec runs a command in the VM to its end and returns its stdout.
+func runExec(ctx context.Context, t *testing.T, v *vm, id string, args ...string) string {
+	t.Helper()
+	var stdout bytes.Buffer
+	proc, statusC := execProcess(ctx, t, v, id, &specs.Process{Args: args, Cwd: "/"}, cio.NewCreator(cio.WithStreams(nil, &stdout, io.Discard)))
 	select {
 	case <-statusC:
 	case <-ctx.Done():
@@ -94,17 +102,7 @@ func runExec(ctx context.Context, t *testing.T, v *vm, id string, args ...string
 // startExec starts a command in the VM and returns where its exit comes.
 func startExec(ctx context.Context, t *testing.T, v *vm, id string, args ...string) <-chan client.ExitStatus {
 	t.Helper()
-	proc, err := v.task.Exec(ctx, id, &specs.Process{Args: args, Cwd: "/"}, cio.NullIO)
-	if err != nil {
-		t.Fatalf("exec %s: %v", id, err)
-	}
-	statusC, err := proc.Wait(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := proc.Start(ctx); err != nil {
-		t.Fatalf("exec %s start: %v", id, err)
-	}
+	_, statusC := execProcess(ctx, t, v, id, &specs.Process{Args: args, Cwd: "/"}, cio.NullIO)
 	return statusC
 }
 

@@ -155,18 +155,8 @@ func TestExecTTYContainerd(t *testing.T) {
 	inR, inW := io.Pipe()
 	defer inW.Close()
 	term := &terminal{in: inW, screen: newScreen()}
-	proc, err := v.task.Exec(ctx, "tty", &specs.Process{Args: []string{"sh"}, Env: []string{"PATH=/usr/bin:/bin"}, Cwd: "/", Terminal: true},
+	proc, statusC := execProcess(ctx, t, v, "tty", &specs.Process{Args: []string{"sh"}, Env: []string{"PATH=/usr/bin:/bin"}, Cwd: "/", Terminal: true},
 		cio.NewCreator(cio.WithStreams(inR, term.screen, nil), cio.WithTerminal))
-	if err != nil {
-		t.Fatalf("exec: %v", err)
-	}
-	statusC, err := proc.Wait(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := proc.Start(ctx); err != nil {
-		t.Fatalf("exec start: %v", err)
-	}
 	term.resize = func(w, h uint32) error { return proc.Resize(ctx, w, h) }
 	if err := term.resize(120, 40); err != nil {
 		t.Fatalf("resize: %v", err)
@@ -209,18 +199,8 @@ func killTTYExecs(ctx context.Context, t *testing.T, v *vm) {
 	t.Helper()
 	for i, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		screen := newScreen()
-		proc, err := v.task.Exec(ctx, fmt.Sprintf("kill%d", i), &specs.Process{Args: []string{"sleep", "1000"}, Cwd: "/", Terminal: true},
+		proc, statusC := execProcess(ctx, t, v, fmt.Sprintf("kill%d", i), &specs.Process{Args: []string{"sleep", "1000"}, Cwd: "/", Terminal: true},
 			cio.NewCreator(cio.WithStreams(nil, screen, nil), cio.WithTerminal))
-		if err != nil {
-			t.Fatalf("exec: %v", err)
-		}
-		statusC, err := proc.Wait(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := proc.Start(ctx); err != nil {
-			t.Fatalf("exec start: %v", err)
-		}
 		time.Sleep(2 * time.Second) // sleep runs
 		if err := proc.Kill(ctx, sig); err != nil {
 			t.Fatalf("kill %v: %v", sig, err)

@@ -306,18 +306,8 @@ func secCheckJailRoot(t *testing.T, id string, pid int) {
 func secExec(ctx context.Context, t *testing.T, v *vm, execID string, args ...string) string {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	proc, err := v.task.Exec(ctx, execID, &specs.Process{Args: args, Cwd: "/"}, cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr)))
-	if err != nil {
-		t.Fatalf("exec %s: %v", execID, err)
-	}
+	proc, statusC := execProcess(ctx, t, v, execID, &specs.Process{Args: args, Cwd: "/"}, cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr)))
 	defer proc.Delete(ctx)
-	statusC, err := proc.Wait(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := proc.Start(ctx); err != nil {
-		t.Fatalf("exec %s start: %v", execID, err)
-	}
 	st := <-statusC
 	proc.IO().Wait()
 	if code, _, err := st.Result(); err != nil || code != 0 {

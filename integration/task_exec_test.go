@@ -23,18 +23,8 @@ func TestTaskExecAndMetrics(t *testing.T) {
 	v.console.waitFor(ctx, t, markerBooted)
 
 	var stdout, stderr bytes.Buffer
-	proc, err := v.task.Exec(ctx, "e1", &specs.Process{Args: []string{"sh", "-c", "uname -s; echo oops >&2; exit 4"}, Cwd: "/"},
+	proc, statusC := execProcess(ctx, t, v, "e1", &specs.Process{Args: []string{"sh", "-c", "uname -s; echo oops >&2; exit 4"}, Cwd: "/"},
 		cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr)))
-	if err != nil {
-		t.Fatalf("exec: %v", err)
-	}
-	statusC, err := proc.Wait(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := proc.Start(ctx); err != nil {
-		t.Fatalf("exec start: %v", err)
-	}
 	st := <-statusC
 	proc.IO().Wait()
 	if code, _, err := st.Result(); err != nil || code != 4 {
