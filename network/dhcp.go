@@ -146,7 +146,7 @@ func addLeaseOptions(reply *dhcpv4.DHCPv4, lease *Lease) {
 	d := leaseDuration(lease)
 	reply.Options.Update(dhcpv4.OptIPAddressLeaseTime(d))
 	reply.Options.Update(dhcpv4.OptRenewTimeValue(d / 2))
-	reply.Options.Update(dhcpv4.OptRebindingTimeValue(d * 7 / 8))
+	reply.Options.Update(dhcpv4.OptRebindingTimeValue(d / 8 * 7))
 }
 
 // leaseDuration is the lease time to offer, in whole seconds.
