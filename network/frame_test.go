@@ -147,11 +147,10 @@ func TestParseDHCPFrame(t *testing.T) {
 	}
 }
 
-// TestDHCPFilter runs the filter in x/net/bpf's VM. The VM lacks the VLAN
-// extension, so the first two instructions (VLAN check) are left out; the
-// jumps of the rest are relative and unaffected.
-func TestDHCPFilter(t *testing.T) {
-	prog := dhcpFilter()
+// filterVM assembles prog, checks that it starts with the VLAN check, and
+// returns x/net/bpf's VM for the rest of it.
+func filterVM(t *testing.T, prog []bpf.Instruction) *bpf.VM {
+	t.Helper()
 	if _, err := bpf.Assemble(prog); err != nil {
 		t.Fatalf("assemble: %v", err)
 	}
@@ -162,6 +161,14 @@ func TestDHCPFilter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return vm
+}
+
+// TestDHCPFilter runs the filter in x/net/bpf's VM. The VM lacks the VLAN
+// extension, so the first two instructions (VLAN check) are left out; the
+// jumps of the rest are relative and unaffected.
+func TestDHCPFilter(t *testing.T) {
+	vm := filterVM(t, dhcpFilter())
 	good := clientFrame(t, make([]byte, 300))
 	mutate := func(f func(b []byte)) []byte {
 		b := append([]byte(nil), good...)

@@ -26,3 +26,17 @@ type Lease struct {
 	ServerID  net.IP // option 54: the address the responder speaks as
 	LeaseTime time.Duration
 }
+
+// Lease6 is what the IPv6 responder hands the VM on one NIC: router
+// advertisements from the tap's link-local address, and the pod's address
+// through stateful DHCPv6.
+type Lease6 struct {
+	MAC       net.HardwareAddr // the only client answered
+	IP        net.IP           // the pod's IPv6 address on this interface (IA_NA)
+	OnLink    []*net.IPNet     // prefixes on-link for the guest (PIO, L=1 A=0)
+	Router    bool             // advertise a default route through the tap's link-local address
+	MTU       int              // RA MTU option; 0: none
+	DNS       []net.IP         // IPv6 name servers (RDNSS, DHCPv6 option 23)
+	Search    []string         // DNSSL, DHCPv6 option 24
+	LeaseTime time.Duration    // valid and preferred lifetime of the address; 0: DefaultLeaseTime
+}
