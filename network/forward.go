@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strconv"
 	"sync"
 	"time"
 
@@ -44,6 +43,18 @@ const (
 	keyLoopback6               // ::1
 )
 
+// guestAddr says where the guest is: its IPv4 address, or its IPv6
+// link-local address with the tap's index as the zone.
+type guestAddr func() *net.IPAddr
+
+// fixedGuest is a guest at ip; nil when ip is nil.
+func fixedGuest(ip net.IP) guestAddr {
+	if ip == nil {
+		return nil
+	}
+	return func() *net.IPAddr { return &net.IPAddr{IP: ip} }
+}
+
 // forwarder relays TCP connections made to the netns's loopback, on any
 // port, to the same port on the guest. A sk_lookup program attached to the
 // netns hands every TCP lookup for 127.0.0.1 (and ::1) to one listening
@@ -55,7 +66,7 @@ const (
 // dying; nothing is pinned.
 type forwarder struct {
 	p      *podNS
-	guest  net.IP
+	guest  guestAddr
 	local  map[int]func(*net.TCPConn) // ports served by their handlers, not the guest
 	src    net.IP                     // the relay's source address; nil: the route's
 	logger *logrus.Entry
@@ -79,7 +90,7 @@ type forwarder struct {
 // startForwarder makes every TCP connection to the loopback of p, on any
 // port, reach the same port on guest. It stops when ctx is done or Close
 // is called; only Close releases it.
-func startForwarder(ctx context.Context, p *podNS, guest net.IP, local map[int]func(*net.TCPConn), logger *logrus.Entry) (_ *forwarder, retErr error) {
+func startForwarder(ctx context.Context, p *podNS, guest guestAddr, local map[int]func(*net.TCPConn), logger *logrus.Entry) (_ *forwarder, retErr error) {
 	if guest == nil {
 		return nil, fmt.Errorf("port-forward in netns %s: no guest address: %w", p.path, errdefs.ErrInvalidArgument)
 	}
@@ -117,9 +128,11 @@ func startForwarder(ctx context.Context, p *podNS, guest net.IP, local map[int]f
 		// Only IPv4 is required: CRI dials tcp4 first.
 		f.logger.WithError(err).Debug("no port-forward on ::1")
 	}
-	if f.src, err = f.steerReplies(); err != nil {
-		// Guests that route the tap's address on-link still answer.
-		f.logger.WithError(err).Warn("port-forward reaches only guests that apply DHCP option 121 (classless routes)")
+	if guest().IP.To4() != nil {
+		if f.src, err = f.steerReplies(); err != nil {
+			// Guests that route the tap's address on-link still answer.
+			f.logger.WithError(err).Warn("port-forward reaches only guests that apply DHCP option 121 (classless routes)")
+		}
 	}
 	l, err := link.AttachNetNs(int(p.ns), f.prog)
 	if err != nil {
@@ -130,7 +143,7 @@ func startForwarder(ctx context.Context, p *podNS, guest net.IP, local map[int]f
 	for _, ln := range f.lns {
 		f.wg.Go(func() { f.serve(ln) })
 	}
-	f.logger.WithField("guest", guest.String()).Debug("port-forward to the guest ready")
+	f.logger.WithField("guest", guest().String()).Debug("port-forward to the guest ready")
 	return f, nil
 }
 
@@ -288,7 +301,8 @@ func (f *forwarder) pipe(dst, src *net.TCPConn, logger *logrus.Entry) {
 func (f *forwarder) dial(port int) (*net.TCPConn, error) {
 	ctx, cancel := context.WithTimeout(f.ctx, forwardDialTimeout)
 	defer cancel()
-	addr := net.JoinHostPort(f.guest.String(), strconv.Itoa(port))
+	g := f.guest()
+	addr := (&net.TCPAddr{IP: g.IP, Port: port, Zone: g.Zone}).String()
 	var c net.Conn
 	err := f.p.do(func() error {
 		var (

@@ -48,20 +48,21 @@ const frameIPv4Dst = etherHeaderLen + 16
 // program is held only by the link's fd and is detached by Close, by the
 // tap's deletion, or by the process dying.
 func (f *forwarder) steerReplies() (net.IP, error) {
-	routes, err := f.p.h.RouteGet(f.guest)
+	guest := f.guest().IP
+	routes, err := f.p.h.RouteGet(guest)
 	if err != nil {
-		return nil, fmt.Errorf("route to guest %s in netns %s: %w", f.guest, f.p.path, err)
+		return nil, fmt.Errorf("route to guest %s in netns %s: %w", guest, f.p.path, err)
 	}
 	if len(routes) == 0 || routes[0].Src.To4() == nil {
-		return nil, fmt.Errorf("route to guest %s in netns %s has no ipv4 source: %w", f.guest, f.p.path, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("route to guest %s in netns %s has no ipv4 source: %w", guest, f.p.path, errdefs.ErrNotFound)
 	}
 	src := routes[0].Src.To4()
 	tap, err := f.p.h.LinkByIndex(routes[0].LinkIndex)
 	if err != nil {
-		return nil, fmt.Errorf("find the link to guest %s: %w", f.guest, err)
+		return nil, fmt.Errorf("find the link to guest %s: %w", guest, err)
 	}
 	if !isOwnTap(tap) {
-		return nil, fmt.Errorf("route to guest %s goes through %s, not a tap of ours: %w", f.guest, tap.Attrs().Name, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("route to guest %s goes through %s, not a tap of ours: %w", guest, tap.Attrs().Name, errdefs.ErrFailedPrecondition)
 	}
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name:         "vmshim_reply",

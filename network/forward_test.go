@@ -155,7 +155,7 @@ func testLogger() *logrus.Entry {
 
 func startTestForwarder(t *testing.T, e *fwdEnv) *forwarder {
 	t.Helper()
-	f, err := startForwarder(testCtx(t), e.p, e.guestIP, nil, testLogger())
+	f, err := startForwarder(testCtx(t), e.p, fixedGuest(e.guestIP), nil, testLogger())
 	if err != nil {
 		t.Fatalf("start forwarder: %v", err)
 	}
@@ -298,7 +298,7 @@ func TestForwarderStopsWithContext(t *testing.T) {
 	e := newFwdEnv(t)
 	e.serveGuest(t, "guest")
 	ctx, cancel := context.WithCancel(context.Background())
-	f, err := startForwarder(ctx, e.p, e.guestIP, nil, testLogger())
+	f, err := startForwarder(ctx, e.p, fixedGuest(e.guestIP), nil, testLogger())
 	if err != nil {
 		t.Fatalf("start forwarder: %v", err)
 	}
@@ -325,7 +325,7 @@ func TestForwarderStopsWithContext(t *testing.T) {
 
 func TestStartForwarderNoGuest(t *testing.T) {
 	e := newFwdEnv(t)
-	if _, err := startForwarder(testCtx(t), e.p, nil, nil, testLogger()); err == nil {
+	if _, err := startForwarder(testCtx(t), e.p, fixedGuest(nil), nil, testLogger()); err == nil {
 		t.Fatal("started without a guest address")
 	}
 }
@@ -340,8 +340,8 @@ func TestSetupStartsForwarder(t *testing.T) {
 	if fwd == nil {
 		t.Fatal("setup started no port-forward")
 	}
-	if !fwd.guest.Equal(n.NICs()[0].Lease.IP) {
-		t.Errorf("forwarder guest = %s, want %s", fwd.guest, n.NICs()[0].Lease.IP)
+	if !fwd.guest().IP.Equal(n.NICs()[0].Lease.IP) {
+		t.Errorf("forwarder guest = %s, want %s", fwd.guest(), n.NICs()[0].Lease.IP)
 	}
 	// Nothing answers behind the tap: the connection is accepted, and the
 	// pending dial to the guest is cut short by Teardown.
@@ -378,7 +378,7 @@ func TestForwarderLocalPort(t *testing.T) {
 		defer c.Close()
 		_, _ = c.Write([]byte("local"))
 	}}
-	f, err := startForwarder(testCtx(t), e.p, e.guestIP, local, testLogger())
+	f, err := startForwarder(testCtx(t), e.p, fixedGuest(e.guestIP), local, testLogger())
 	if err != nil {
 		t.Fatalf("start forwarder: %v", err)
 	}

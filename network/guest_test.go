@@ -131,6 +131,28 @@ func (g *guest) send(frame []byte) {
 // the guest's address meanwhile.
 func (g *guest) expect(what string, match func(parsed) bool) parsed {
 	g.t.Helper()
+	var got parsed
+	g.read(what, func(frame []byte) bool {
+		p, ok := parseFrame(frame)
+		if !ok {
+			return false
+		}
+		if match(p) {
+			got = p
+			return true
+		}
+		if p.typ == etherARP && p.arpOp == 1 && p.tpa.Equal(g.ip) {
+			g.send(ethFrame(p.sha, g.mac, etherARP, arpPacket(2, g.mac, g.ip, p.sha, p.spa)))
+		}
+		return false
+	})
+	return got
+}
+
+// read hands each frame from the tap to handle until it returns true,
+// for at most 5 s.
+func (g *guest) read(what string, handle func(frame []byte) bool) {
+	g.t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	if err := g.tap.SetReadDeadline(deadline); err != nil {
 		g.t.Fatal(err)
@@ -144,19 +166,8 @@ func (g *guest) expect(what string, match func(parsed) bool) parsed {
 		if err != nil {
 			g.t.Fatalf("read tap: %v", err)
 		}
-		if n < vnetHdrLen {
-			continue
-		}
-		frame := bytes.Clone(buf[vnetHdrLen:n])
-		p, ok := parseFrame(frame)
-		if !ok {
-			continue
-		}
-		if match(p) {
-			return p
-		}
-		if p.typ == etherARP && p.arpOp == 1 && p.tpa.Equal(g.ip) {
-			g.send(ethFrame(p.sha, g.mac, etherARP, arpPacket(2, g.mac, g.ip, p.sha, p.spa)))
+		if n >= vnetHdrLen && handle(bytes.Clone(buf[vnetHdrLen:n])) {
+			return
 		}
 	}
 }

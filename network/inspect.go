@@ -26,10 +26,14 @@ const maxResolvConf = 64 << 10
 // nicPlan is what Setup does for one CNI interface.
 type nicPlan struct {
 	link      netlink.Link
-	addrs     []netlink.Addr  // IPv4, kernel order; removed from link
+	addrs     []netlink.Addr  // IPv4, kernel order; their local routes are removed
 	routes    []netlink.Route // IPv4 main-table routes through link, for the lease
 	tap       string
 	linkLocal net.IP // nil when link has no IPv4 address
+
+	addrs6   []netlink.Addr  // global IPv6 addresses, kernel order; they stay as they are
+	routes6  []netlink.Route // IPv6 main-table routes through link, for the lease
+	default6 bool            // the netns has an IPv6 default route through link
 }
 
 // plan is the netns as found and what Setup will change in it.
@@ -68,6 +72,10 @@ func inspect(p *podNS) (*plan, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list routes in netns %s: %w", p.path, err)
 	}
+	v6, err := inspect6(p)
+	if err != nil {
+		return nil, err
+	}
 	pl := &plan{state: State{NetNS: p.path, NetNSID: p.ns.UniqueId()}}
 	names := map[int]string{}
 	wired := map[int]bool{}
@@ -81,6 +89,7 @@ func inspect(p *podNS) (*plan, error) {
 		if err != nil {
 			return nil, err
 		}
+		v6.plan(&np)
 		wired[link.Attrs().Index] = true
 		for _, a := range np.addrs {
 			removed[a.IP.String()] = true
@@ -112,6 +121,9 @@ func inspect(p *podNS) (*plan, error) {
 			ns.Addrs = append(ns.Addrs, addrState(a))
 		}
 		pl.state.NICs = append(pl.state.NICs, ns)
+	}
+	if err := planForwarding(p, pl); err != nil {
+		return nil, err
 	}
 	return pl, nil
 }
@@ -270,35 +282,32 @@ func isDefault(dst *net.IPNet) bool {
 	return ones == 0
 }
 
-// readResolvConf returns the IPv4 name servers and the search list of the
-// resolv.conf at path; none when path is empty or the file is missing.
-func readResolvConf(path string) ([]net.IP, []string, error) {
+// readResolvConf returns the IPv4 and the IPv6 name servers and the
+// search list of the resolv.conf at path; none when path is empty or the
+// file is missing.
+func readResolvConf(path string) (dns, dns6 []net.IP, search []string, err error) {
 	if path == "" {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	f, err := os.Open(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil, nil
+			return nil, nil, nil, nil
 		}
-		return nil, nil, fmt.Errorf("read resolv.conf %s: %w", path, err)
+		return nil, nil, nil, fmt.Errorf("read resolv.conf %s: %w", path, err)
 	}
 	defer f.Close()
-	dns, search, err := parseResolvConf(io.LimitReader(f, maxResolvConf))
+	dns, dns6, search, err = parseResolvConf(io.LimitReader(f, maxResolvConf))
 	if err != nil {
-		return nil, nil, fmt.Errorf("read resolv.conf %s: %w", path, err)
+		return nil, nil, nil, fmt.Errorf("read resolv.conf %s: %w", path, err)
 	}
-	return dns, search, nil
+	return dns, dns6, search, nil
 }
 
-// parseResolvConf reads nameserver (IPv4 only: DHCP option 6 carries no
-// IPv6), search and domain lines; the last search or domain line wins, as
-// in the resolver.
-func parseResolvConf(r io.Reader) ([]net.IP, []string, error) {
-	var (
-		dns    []net.IP
-		search []string
-	)
+// parseResolvConf reads nameserver, search and domain lines; the last
+// search or domain line wins, as in the resolver. IPv4 name servers go
+// to DHCP, IPv6 ones (without a zone) to RDNSS and DHCPv6.
+func parseResolvConf(r io.Reader) (dns, dns6 []net.IP, search []string, err error) {
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		line := sc.Text()
@@ -311,9 +320,11 @@ func parseResolvConf(r io.Reader) ([]net.IP, []string, error) {
 		}
 		switch fields[0] {
 		case "nameserver":
-			ip := net.ParseIP(fields[1]).To4()
-			if ip != nil && !slices.ContainsFunc(dns, ip.Equal) {
-				dns = append(dns, ip)
+			ip := net.ParseIP(fields[1])
+			if v4 := ip.To4(); v4 != nil && !slices.ContainsFunc(dns, v4.Equal) {
+				dns = append(dns, v4)
+			} else if v4 == nil && ip != nil && !ip.IsUnspecified() && !ip.IsMulticast() && !slices.ContainsFunc(dns6, ip.Equal) {
+				dns6 = append(dns6, ip)
 			}
 		case "search":
 			search = searchDomains(fields[1:])
@@ -321,7 +332,7 @@ func parseResolvConf(r io.Reader) ([]net.IP, []string, error) {
 			search = searchDomains(fields[1:2])
 		}
 	}
-	return dns, search, sc.Err()
+	return dns, dns6, search, sc.Err()
 }
 
 // searchDomains keeps the names DHCP can carry, as DNS names (RFC 3397):

@@ -38,7 +38,7 @@ func FuzzResolvConf(f *testing.F) {
 	lease := testLease(f)
 	discover := testMessage(f, lease.MAC, dhcpv4.MessageTypeDiscover)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		dns, search, err := parseResolvConf(bytes.NewReader(data))
+		dns, _, search, err := parseResolvConf(bytes.NewReader(data))
 		if err != nil {
 			return
 		}

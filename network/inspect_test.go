@@ -38,17 +38,20 @@ nameserver 8.8.8.8 # second
 options ndots:5
 nameserver
 `
-	dns, search, err := parseResolvConf(strings.NewReader(in))
+	dns, dns6, search, err := parseResolvConf(strings.NewReader(in))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(dns) != 2 || !dns[0].Equal(net.IPv4(10, 96, 0, 10)) || !dns[1].Equal(net.IPv4(8, 8, 8, 8)) {
 		t.Errorf("dns = %v", dns)
 	}
+	if len(dns6) != 1 || !dns6[0].Equal(net.ParseIP("fd00::10")) {
+		t.Errorf("dns6 = %v", dns6)
+	}
 	if !slices.Equal(search, []string{"a.svc.cluster.local", "svc.cluster.local"}) {
 		t.Errorf("search = %v", search)
 	}
-	_, search, _ = parseResolvConf(strings.NewReader("search a b\ndomain c\n"))
+	_, _, search, _ = parseResolvConf(strings.NewReader("search a b\ndomain c\n"))
 	if !slices.Equal(search, []string{"c"}) {
 		t.Errorf("last of search/domain should win, got %v", search)
 	}
@@ -56,7 +59,7 @@ nameserver
 
 func TestReadResolvConf(t *testing.T) {
 	for _, path := range []string{"", filepath.Join(t.TempDir(), "missing")} {
-		dns, search, err := readResolvConf(path)
+		dns, _, search, err := readResolvConf(path)
 		if err != nil || dns != nil || search != nil {
 			t.Errorf("readResolvConf(%q) = %v %v %v, want nothing", path, dns, search, err)
 		}
@@ -65,10 +68,10 @@ func TestReadResolvConf(t *testing.T) {
 	if err := os.WriteFile(p, []byte("nameserver 1.1.1.1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if dns, _, err := readResolvConf(p); err != nil || len(dns) != 1 {
+	if dns, _, _, err := readResolvConf(p); err != nil || len(dns) != 1 {
 		t.Errorf("readResolvConf = %v, %v", dns, err)
 	}
-	if _, _, err := readResolvConf(t.TempDir()); err == nil {
+	if _, _, _, err := readResolvConf(t.TempDir()); err == nil {
 		t.Error("a directory as resolv.conf should fail")
 	}
 }

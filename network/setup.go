@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -32,10 +33,11 @@ type Options struct {
 
 // NIC is one guest network card.
 type NIC struct {
-	Name  string           // CNI interface name (eth0)
-	Tap   *os.File         // tap fd for QEMU (-netdev tap,fd=); owned by the Network, closed by Teardown
-	MAC   net.HardwareAddr // for the guest NIC: the CNI interface's MAC
-	Lease *Lease           // nil when the interface has no IPv4 address
+	Name   string           // CNI interface name (eth0)
+	Tap    *os.File         // tap fd for QEMU (-netdev tap,fd=); owned by the Network, closed by Teardown
+	MAC    net.HardwareAddr // for the guest NIC: the CNI interface's MAC
+	Lease  *Lease           // nil when the interface has no IPv4 address
+	Lease6 *Lease6          // nil when the interface has no global IPv6 address
 }
 
 // Network is a wired pod netns: taps, tc filters and DHCP responders.
@@ -50,7 +52,8 @@ type Network struct {
 	wg     sync.WaitGroup     // Serve goroutines
 
 	mu         sync.Mutex // serialises Teardown; guards responders, fwd and done
-	responders []*Responder
+	responders []server
+	guest6     guestAddr  // the first IPv6 NIC's guest, on its tap; nil without one
 	fwd        *forwarder // nil when no NIC has a lease or it could not start
 	done       bool
 }
@@ -74,7 +77,7 @@ type Plan struct {
 	pl           *plan
 	opts         Options
 	logger       *logrus.Entry
-	dns          []net.IP
+	dns, dns6    []net.IP
 	search       []string
 	used, closed bool
 }
@@ -89,7 +92,7 @@ func Inspect(ctx context.Context, nsPath string, opts Options) (*Plan, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	dns, search, err := readResolvConf(opts.ResolvConf)
+	dns, dns6, search, err := readResolvConf(opts.ResolvConf)
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +105,7 @@ func Inspect(ctx context.Context, nsPath string, opts Options) (*Plan, error) {
 		p.Close()
 		return nil, err
 	}
-	return &Plan{p: p, pl: pl, opts: opts, logger: logger.WithField("netns", nsPath), dns: dns, search: search}, nil
+	return &Plan{p: p, pl: pl, opts: opts, logger: logger.WithField("netns", nsPath), dns: dns, dns6: dns6, search: search}, nil
 }
 
 // State is what Restore needs to undo Wire.
@@ -143,7 +146,7 @@ func (pl *Plan) Wire(ctx context.Context) (_ *Network, retErr error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if err := n.wire(srvCtx, &pl.pl.nics[i], pl.dns, pl.search, pl.opts.Hostname); err != nil {
+		if err := n.wire(srvCtx, &pl.pl.nics[i], pl); err != nil {
 			return nil, err
 		}
 	}
@@ -153,14 +156,22 @@ func (pl *Plan) Wire(ctx context.Context) (_ *Network, retErr error) {
 }
 
 // startForwarder makes the netns's loopback reach the first leased NIC's
-// guest, for CRI port-forward. Pod networking works without it, so a
-// failure is only logged.
+// guest, for CRI port-forward: over IPv4 when a NIC has an IPv4 lease,
+// else over IPv6 to the guest's link-local address. Pod networking works
+// without it, so a failure is only logged.
 func (n *Network) startForwarder(ctx context.Context) {
+	var guest guestAddr
 	for _, nic := range n.nics {
-		if nic.Lease == nil {
-			continue
+		if nic.Lease != nil {
+			guest = fixedGuest(nic.Lease.IP)
+			break
 		}
-		f, err := startForwarder(ctx, n.p, nic.Lease.IP, n.local, n.logger)
+	}
+	if guest == nil {
+		guest = n.guest6
+	}
+	if guest != nil {
+		f, err := startForwarder(ctx, n.p, guest, n.local, n.logger)
 		if err != nil {
 			n.logger.WithError(err).Warn("port-forward to the guest will not work: cannot steer the netns's loopback to it with BPF sk_lookup")
 			return
@@ -172,10 +183,9 @@ func (n *Network) startForwarder(ctx context.Context) {
 	}
 }
 
-// wire turns one CNI interface into a NIC: tap, tc both ways, the veth's
-// IPv4 addresses no longer local, the netns's route to the guest, a DHCP
-// responder.
-func (n *Network) wire(ctx context.Context, np *nicPlan, dns []net.IP, search []string, hostname string) error {
+// wire turns one CNI interface into a NIC: tap, tc both ways, then the
+// IPv4 and the IPv6 side of the guest's addresses.
+func (n *Network) wire(ctx context.Context, np *nicPlan, pl *Plan) error {
 	link := np.link
 	name := link.Attrs().Name
 	f, tap, err := createTap(n.p, np.tap, link.Attrs().MTU)
@@ -183,16 +193,39 @@ func (n *Network) wire(ctx context.Context, np *nicPlan, dns []net.IP, search []
 		return err
 	}
 	n.nics = append(n.nics, NIC{Name: name, Tap: f, MAC: link.Attrs().HardwareAddr})
+	nic := &n.nics[len(n.nics)-1]
 	filters, err := tapFilters(tap.Attrs().Index, link.Attrs().Index, tap.Attrs().HardwareAddr, np.linkLocal)
 	if err != nil {
 		return err
 	}
+	linkFs := linkFilters(link.Attrs().Index, tap.Attrs().Index)
+	var router6 net.IP
+	if len(np.addrs6) > 0 {
+		router6 = eui64LinkLocal(tap.Attrs().HardwareAddr)
+		filters = append(filters, tapFilters6(tap.Attrs().Index, router6)...)
+		linkFs = append(linkFs, linkFilters6(link.Attrs().Index, tap.Attrs().Index)...)
+	}
 	if err := installIngress(n.p, tap, filters); err != nil {
 		return err
 	}
-	if err := installIngress(n.p, link, linkFilters(link.Attrs().Index, tap.Attrs().Index)); err != nil {
+	if err := installIngress(n.p, link, linkFs); err != nil {
 		return err
 	}
+	if nic.Lease, err = n.wire4(ctx, np, tap, pl); err != nil {
+		return err
+	}
+	if router6 != nil {
+		nic.Lease6, err = n.wire6(ctx, np, tap, router6, pl)
+	}
+	return err
+}
+
+// wire4 hands the guest the interface's first IPv4 address: the veth's
+// IPv4 addresses no longer local, the netns's route to the guest, a DHCP
+// responder. No lease when the interface has no IPv4 address.
+func (n *Network) wire4(ctx context.Context, np *nicPlan, tap netlink.Link, pl *Plan) (*Lease, error) {
+	link := np.link
+	name := link.Attrs().Name
 	// The interface keeps its addresses, so that what reads them (`ip
 	// addr`, `nerdctl inspect`) still shows the pod's, but the netns stops
 	// treating them as its own: without their local routes, the netns's
@@ -204,36 +237,85 @@ func (n *Network) wire(ctx context.Context, np *nicPlan, dns []net.IP, search []
 			Table: unix.RT_TABLE_LOCAL, Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST,
 		}
 		if err := n.p.h.RouteDel(local); err != nil && !isNotFound(err) {
-			return fmt.Errorf("remove the local route of %s on %s: %w", a.IPNet, name, err)
+			return nil, fmt.Errorf("remove the local route of %s on %s: %w", a.IPNet, name, err)
 		}
 	}
-	lease := buildLease(*np, dns, search, hostname)
+	lease := buildLease(*np, pl.dns, pl.search, pl.opts.Hostname)
 	if lease == nil {
-		return nil
+		return nil, nil
 	}
 	if err := addLocalRoute(n.p, tap, np.linkLocal, lease.IP); err != nil {
-		return err
+		return nil, err
 	}
 	var r *Responder
-	err = n.p.do(func() error {
+	err := n.p.do(func() error {
 		var err error
 		r, err = NewResponder(tap.Attrs().Index, tap.Attrs().HardwareAddr, *lease, n.logger.WithField("link", name))
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("start dhcp responder on %s: %w", np.tap, err)
+		return nil, fmt.Errorf("start dhcp responder on %s: %w", np.tap, err)
 	}
+	n.serve(ctx, r, name, "dhcp responder stopped")
+	return lease, nil
+}
+
+// wire6 hands the guest the interface's first global IPv6 address. The
+// interface keeps its IPv6 addresses and routes: the netns still resolves
+// its neighbours on the pod network with them. The tap gets the router's
+// link-local address and forwards the guest's IPv6 traffic to the netns's
+// routes, and a responder answers the guest's router solicitations and
+// DHCPv6.
+func (n *Network) wire6(ctx context.Context, np *nicPlan, tap netlink.Link, router net.IP, pl *Plan) (*Lease6, error) {
+	name := np.link.Attrs().Name
+	lease := buildLease6(*np, pl.dns6, pl.search)
+	if err := setForwarding6(n.p, np.tap, pl.pl.state.Forwarding6 != nil); err != nil {
+		return nil, err
+	}
+	addr := &netlink.Addr{
+		IPNet: &net.IPNet{IP: router, Mask: net.CIDRMask(64, 128)},
+		Flags: unix.IFA_F_NODAD, Scope: unix.RT_SCOPE_LINK,
+	}
+	if err := n.p.h.AddrAdd(tap, addr); err != nil {
+		return nil, fmt.Errorf("add %s to %s: %w", addr.IPNet, np.tap, err)
+	}
+	var r *Responder6
+	err := n.p.do(func() error {
+		var err error
+		r, err = NewResponder6(tap.Attrs().Index, router, *lease, n.logger.WithField("link", name))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start ipv6 responder on %s: %w", np.tap, err)
+	}
+	n.mu.Lock()
+	if n.guest6 == nil {
+		zone := strconv.Itoa(tap.Attrs().Index)
+		n.guest6 = func() *net.IPAddr { return &net.IPAddr{IP: r.GuestAddr(), Zone: zone} }
+	}
+	n.mu.Unlock()
+	n.serve(ctx, r, name, "ipv6 responder stopped")
+	return lease, nil
+}
+
+// server is a responder: it answers until its context is done or it is
+// closed.
+type server interface {
+	Serve(context.Context) error
+	Close() error
+}
+
+// serve runs r until ctx is done or Teardown closes it.
+func (n *Network) serve(ctx context.Context, r server, link, stopped string) {
 	n.mu.Lock()
 	n.responders = append(n.responders, r)
 	n.mu.Unlock()
-	n.nics[len(n.nics)-1].Lease = lease
-	logger := n.logger.WithField("link", name)
+	logger := n.logger.WithField("link", link)
 	n.wg.Go(func() {
 		if err := r.Serve(ctx); err != nil && ctx.Err() == nil {
-			logger.WithError(err).Error("dhcp responder stopped")
+			logger.WithError(err).Error(stopped)
 		}
 	})
-	return nil
 }
 
 // NICs returns the guest NICs in CNI attach order.

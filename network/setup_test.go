@@ -142,9 +142,21 @@ func checkWired(t *testing.T, e *podEnv, pl podLink) {
 	if tap.Attrs().MTU != 1400 || tap.Type() != "tuntap" || tap.Attrs().Flags&net.FlagUp == 0 {
 		t.Errorf("tap = %s mtu %d flags %v", tap.Type(), tap.Attrs().MTU, tap.Attrs().Flags)
 	}
+	// The link-local address the netns reaches the guest from, and the
+	// router address of the guest's IPv6.
+	router := eui64LinkLocal(tap.Attrs().HardwareAddr).String() + "/64"
 	addrs, _ = e.podH.AddrList(tap, netlink.FAMILY_ALL)
-	if len(addrs) != 1 || addrs[0].IPNet.String() != "169.254.1.1/32" {
-		t.Errorf("tap addresses = %v, want only 169.254.1.1/32", addrs)
+	var got []string
+	for _, a := range addrs {
+		got = append(got, a.IPNet.String())
+	}
+	if !slices.Equal(got, []string{"169.254.1.1/32", router}) {
+		t.Errorf("tap addresses = %v, want 169.254.1.1/32 and %s", got, router)
+	}
+	for key, want := range map[string]string{"force_forwarding": "1", "forwarding": "1", "accept_ra": "0"} {
+		if got := strings.TrimSpace(e.podCmd("cat", sysctl6("vmtap0", key))); got != want {
+			t.Errorf("vmtap0 %s = %s, want %s", key, got, want)
+		}
 	}
 	routes, _ := e.podH.RouteList(tap, netlink.FAMILY_V4)
 	if !slices.ContainsFunc(routes, func(r netlink.Route) bool {
@@ -368,7 +380,8 @@ func TestTeardownWhileTapHeld(t *testing.T) {
 }
 
 // An interface without IPv4 still becomes a NIC, with no lease, no
-// link-local address and no responder.
+// IPv4 link-local address and no DHCP responder: the tap has only the
+// IPv6 router's address.
 func TestSetupWithoutIPv4(t *testing.T) {
 	ctx := testCtx(t)
 	e := newPodEnv(t)
@@ -390,8 +403,8 @@ func TestSetupWithoutIPv4(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if addrs, _ := e.podH.AddrList(tap, netlink.FAMILY_ALL); len(addrs) != 0 {
-		t.Errorf("tap addresses %v, want none", addrs)
+	if addrs, _ := e.podH.AddrList(tap, netlink.FAMILY_ALL); len(addrs) != 1 || !addrs[0].IP.IsLinkLocalUnicast() || nics[0].Lease6 == nil {
+		t.Errorf("tap addresses %v, lease6 %+v: want only the IPv6 router's", addrs, nics[0].Lease6)
 	}
 	if err := n.Teardown(ctx); err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 
@@ -20,6 +21,10 @@ type State struct {
 	NetNSID string       `json:"netns_id,omitempty"` // device and inode, so a reused path is not touched
 	NICs    []NICState   `json:"nics,omitempty"`
 	Routes  []RouteState `json:"routes,omitempty"` // IPv4 routes that vanish with the removed addresses
+	// Forwarding6 holds net.ipv6.conf.*.forwarding as found ("all",
+	// "default" and each interface), when the netns's kernel has no
+	// force_forwarding and Wire turns forwarding on for the whole netns.
+	Forwarding6 map[string]string `json:"forwarding6,omitempty"`
 }
 
 // NICState is one wired CNI interface.
@@ -91,6 +96,7 @@ func (st *State) clone() *State {
 		c.NICs[i] = n
 	}
 	c.Routes = slices.Clone(st.Routes)
+	c.Forwarding6 = maps.Clone(st.Forwarding6)
 	return &c
 }
 
@@ -320,6 +326,9 @@ func undo(ctx context.Context, p *podNS, st *State, logger *logrus.Entry) error 
 		if err != nil && !isExist(err) {
 			errs = append(errs, fmt.Errorf("restore route %s on %s: %w", rs.Dst, rs.Link, err))
 		}
+	}
+	if err := restoreForwarding6(p, st.Forwarding6); err != nil {
+		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("restore netns %s: %w", st.NetNS, err)

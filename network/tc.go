@@ -20,15 +20,17 @@ import (
 const (
 	prioDHCP      = 1 // UDP to port 67: netns stack only (the responder's packet socket saw it already)
 	prioARPLocal  = 2 // ARP for the tap's link-local address: netns stack only
-	prioToNetns   = 3 // destination MAC is the tap's: netns stack only
-	prioBroadcast = 4 // broadcast or multicast: copy to the CNI link, and to the netns stack
-	prioToLink    = 5 // everything else: to the CNI link
+	prioIPv6Local = 3 // router discovery, DHCPv6, neighbour discovery of the tap's address: netns stack only
+	prioToNetns   = 4 // destination MAC is the tap's: netns stack only
+	prioBroadcast = 5 // broadcast or multicast: copy to the CNI link, and to the netns stack
+	prioToLink    = 6 // everything else: to the CNI link
 )
 
 // Filter priorities on a CNI link's ingress (frames from the pod network).
 const (
 	prioLinkDHCP = 1 // UDP to port 68: never reaches the guest; its only DHCP server is ours
-	prioLinkToVM = 2 // everything else: to the tap
+	prioLinkIPv6 = 2 // RAs and DHCPv6 replies: netns stack only; neighbour advertisements: both
+	prioLinkToVM = 3 // everything else: to the tap
 )
 
 // passClass (1:1) is the class a passing u32 match reports; clsact ignores
