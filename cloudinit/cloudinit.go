@@ -47,6 +47,8 @@ type Documents struct {
 	Env                  []string // KEY=VALUE, the container's environment
 	Mounts               []Mount  // 9p shares to mount
 	MACs                 []string // guest NICs in order, for the default network-config
+	IPv6                 []string // those of MACs whose NIC has IPv6: DHCPv6 and router advertisements
+	NoIPv4               []string // those of MACs whose NIC has no IPv4 but IPv6: no DHCPv4
 	NetworkConfig        string   // user-supplied network-config; "" = DHCP on every MAC
 }
 
@@ -91,7 +93,9 @@ func (c Documents) Files() (map[string][]byte, error) {
 }
 
 // networkConfig is the user's network-config, else DHCP on every MAC
-// (version 2, matched by MAC, interfaces keep their names), else nil.
+// (version 2, matched by MAC, interfaces keep their names), else nil:
+// DHCPv4 unless the NIC has IPv6 alone, and DHCPv6 with router
+// advertisements on the NICs with IPv6.
 func (c Documents) networkConfig() ([]byte, error) {
 	if c.NetworkConfig != "" {
 		return []byte(c.NetworkConfig), nil
@@ -110,12 +114,25 @@ func (c Documents) networkConfig() ([]byte, error) {
 			return nil, invalidf("cloud-init: nic %d: MAC address %s is used twice", i, mac)
 		}
 		seen[mac.String()] = true
-		ethernets[fmt.Sprintf("nic%d", i)] = map[string]any{
+		eth := map[string]any{
 			"match": map[string]any{"macaddress": mac.String()},
-			"dhcp4": true,
+			"dhcp4": !slices.ContainsFunc(c.NoIPv4, sameMAC(mac)),
 		}
+		if slices.ContainsFunc(c.IPv6, sameMAC(mac)) {
+			eth["dhcp6"] = true
+			eth["accept-ra"] = true
+		}
+		ethernets[fmt.Sprintf("nic%d", i)] = eth
 	}
 	return yamlDoc(map[string]any{"version": 2, "ethernets": ethernets}), nil
+}
+
+// sameMAC reports whether a string names mac.
+func sameMAC(mac net.HardwareAddr) func(string) bool {
+	return func(s string) bool {
+		m, err := net.ParseMAC(s)
+		return err == nil && bytes.Equal(m, mac)
+	}
 }
 
 // userData merges the shim's cloud-config into the user's user-data.

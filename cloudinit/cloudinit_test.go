@@ -71,6 +71,18 @@ func TestCloudInitFiles(t *testing.T) {
 			wantUser: map[string]any{},
 		},
 		{
+			name: "dual-stack and ipv6-only nics",
+			ci: Documents{InstanceID: "i-1", MACs: []string{mac0, "52:54:00:AB:CD:EF", "52:54:00:00:00:03"},
+				IPv6: []string{mac0, "52:54:00:ab:cd:ef"}, NoIPv4: []string{"52:54:00:AB:CD:EF"}},
+			wantMeta: map[string]any{"instance-id": "i-1"},
+			wantNetwork: map[string]any{"version": 2.0, "ethernets": map[string]any{
+				"nic0": map[string]any{"dhcp4": true, "dhcp6": true, "accept-ra": true, "match": map[string]any{"macaddress": mac0}},
+				"nic1": map[string]any{"dhcp4": false, "dhcp6": true, "accept-ra": true, "match": map[string]any{"macaddress": "52:54:00:ab:cd:ef"}},
+				"nic2": map[string]any{"dhcp4": true, "match": map[string]any{"macaddress": "52:54:00:00:00:03"}},
+			}},
+			wantUser: map[string]any{},
+		},
+		{
 			name:        "user network-config wins",
 			ci:          Documents{InstanceID: "i-1", MACs: []string{mac0}, NetworkConfig: "version: 1\nconfig: []\n"},
 			wantMeta:    map[string]any{"instance-id": "i-1"},

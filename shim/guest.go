@@ -74,7 +74,14 @@ func cloudInitFiles(ns string, spec *specs.Spec, desc *config.VM, mounts []cloud
 		}
 	}
 	for _, n := range nics {
-		ci.MACs = append(ci.MACs, n.MAC.String())
+		mac := n.MAC.String()
+		ci.MACs = append(ci.MACs, mac)
+		if n.Lease6 != nil {
+			ci.IPv6 = append(ci.IPv6, mac)
+			if n.Lease == nil {
+				ci.NoIPv4 = append(ci.NoIPv4, mac)
+			}
+		}
 	}
 	files, err := ci.Files()
 	if err != nil {
