@@ -6,7 +6,9 @@
 # OUTDIR receives vmlinuz (the Debian bzImage), vmlinux (its uncompressed ELF,
 # for fast QEMU -kernel boots through the PVH entry),
 # initrd-{wait,poweroff,agent}.img (busybox initramfs running init.sh, with
-# udhcpc.sh as the DHCP client's script, the pvpanic module, the virtio NIC
+# udhcpc.sh as the DHCP client's script, udhcpc6 (built by udhcpc6-build.sh
+# from Debian's busybox source) with udhcpc6.sh as its script, the pvpanic
+# module, the virtio NIC
 # modules and the virtio-blk, virtio-scsi and NVMe disk modules; the agent
 # flavour boots like wait and also carries qemu-ga and util-linux's script, which
 # terminal execs run under), disk-{wait,poweroff}.qcow2
@@ -18,18 +20,22 @@
 # it needs from the packages it depends on (recursively); script comes from
 # bsdutils and needs only libc, one of those. All are fetched
 # with apt-get download into a cache and unpacked, never installed. No loop
-# devices, no mounts, no network beyond apt. A second run with the same
-# scripts (this one, lib.sh, init.sh, udhcpc.sh), vmshim-pack sources and
-# package versions does nothing.
+# devices, no mounts, no network beyond apt and the busybox source tarball
+# from the Debian mirror. A second run with the same scripts (this one,
+# lib.sh, init.sh, udhcpc.sh, udhcpc6.sh, udhcpc6-build.sh), vmshim-pack
+# sources and package versions does nothing.
 #
 # Environment: VMSHIM_PACK (vmshim-pack binary; default: built from the repo),
-# VMSHIM_DEB_CACHE (where .debs are kept; default OUTDIR/../debs).
+# VMSHIM_DEB_CACHE (where .debs, the busybox source and the udhcpc6 built
+# from it are kept; default OUTDIR/../debs), VMSHIM_DEBIAN_MIRROR (where
+# udhcpc6-build.sh downloads the busybox source; default: the mirror apt
+# downloads busybox-static from).
 set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 LOG_PREFIX=guest # what log lines start with
-STAMP_FILES=("$HERE/build.sh" "$HERE/init.sh" "$HERE/udhcpc.sh") # hashed into the stamp with lib.sh
+STAMP_FILES=("$HERE/build.sh" "$HERE/init.sh" "$HERE/udhcpc.sh" "$HERE/udhcpc6.sh" "$HERE/udhcpc6-build.sh") # hashed into the stamp with lib.sh
 REFS=localhost/vmshim-test
 PART_START_MIB=1 # the FAT partition starts at 1 MiB
 PART_SIZE_MIB=32 # room for the bzImage (~8 MiB) and an initramfs
@@ -205,7 +211,7 @@ install_elf() {
 # build_initrd KTREE FLAVOUR OUT [AGENTSTAGE] builds the gzip'd newc
 # initramfs for FLAVOUR: wait, poweroff, or agent (mode wait, plus qemu-ga
 # and script from the unpacked packages in AGENTSTAGE and the virtio-serial
-# driver).
+# driver). $WORK/udhcpc6 is the static udhcpc6 (udhcpc6-build.sh).
 build_initrd() {
 	local tree=$1 flavour=$2 out=$3 stage=${4:-} root m mode=$2
 	if [ "$flavour" = agent ]; then
@@ -216,6 +222,9 @@ build_initrd() {
 	install_busybox "$root"
 	install -m 0755 "$HERE/init.sh" "$root/init"
 	install -D -m 0755 "$HERE/udhcpc.sh" "$root/etc/udhcpc/default.script"
+	# DHCPv6: busybox-static has no udhcpc6; this one is a program of its own.
+	install -m 0755 "$WORK/udhcpc6" "$root/bin/udhcpc6"
+	install -D -m 0755 "$HERE/udhcpc6.sh" "$root/etc/udhcpc6/default.script"
 	echo "$mode" >"$root/etc/vmshim-mode"
 	: >"$root/lib/modules/order"
 	# evdev gives the power button a /dev/input/eventN; button is the ACPI
@@ -290,7 +299,7 @@ build_disk() {
 
 main() {
 	[ $# -eq 1 ] || die "usage: build.sh OUTDIR"
-	local out kpkg kname kversion stamp deb tree kver flavour pack agent_pkgs name ver f
+	local out kpkg kname kversion stamp deb tree kver flavour pack agent_pkgs name ver f cache
 	mkdir -p "$1"
 	out=$(cd "$1" && pwd)
 	need_tools apt-get apt-cache dpkg-deb busybox cpio gzip xz zstd od readelf modinfo \
@@ -310,8 +319,9 @@ main() {
 	WORK=$(mktemp -d "$out/.work.XXXX")
 	trap 'rm -rf "$WORK"' EXIT
 
+	cache=${VMSHIM_DEB_CACHE:-$(dirname "$out")/debs}
 	read -r kname kversion <<<"$kpkg"
-	deb=$(fetch_deb "$kname" "$kversion" "${VMSHIM_DEB_CACHE:-$(dirname "$out")/debs}")
+	deb=$(fetch_deb "$kname" "$kversion" "$cache")
 	dpkg-deb -x "$deb" "$WORK/kpkg"
 	kver=${kname#linux-image-} # the kernel release, e.g. 6.1.0-56-amd64
 	tree=$WORK/kpkg/lib/modules/$kver
@@ -322,9 +332,12 @@ main() {
 	# qemu-guest-agent and its dependencies, and bsdutils, unpacked together.
 	mkdir "$WORK/agent"
 	while read -r name ver; do
-		deb=$(fetch_deb "$name" "$ver" "${VMSHIM_DEB_CACHE:-$(dirname "$out")/debs}")
+		deb=$(fetch_deb "$name" "$ver" "$cache")
 		dpkg-deb -x "$deb" "$WORK/agent"
 	done <<<"$agent_pkgs"
+
+	# udhcpc6, built once and kept in the cache.
+	"$HERE/udhcpc6-build.sh" "$cache" "$WORK/udhcpc6"
 
 	pack=$(pack_tool)
 	for flavour in wait poweroff agent; do

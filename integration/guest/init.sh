@@ -27,8 +27,19 @@
 #                                  the pvpanic device then tells QEMU
 #   VMSHIM-ROUTES if=IF <routes>   the routes a lease left (mode router-only,
 #                                  printed by udhcpc.sh after VMSHIM-LEASE)
-# and, with a virtio NIC (udhcpc runs on every eth* interface; its event
-# script /etc/udhcpc/default.script prints VMSHIM-LEASE and VMSHIM-RENEW):
+# and, with a virtio NIC (udhcpc and udhcpc6 run on every eth* interface;
+# udhcpc's event script /etc/udhcpc/default.script prints VMSHIM-LEASE and
+# VMSHIM-RENEW, udhcpc6's /etc/udhcpc6/default.script VMSHIM-LEASE6 and
+# VMSHIM-RENEW6, each whenever its lease comes or is renewed):
+#   VMSHIM-LEASE if=IF ip=IP mask=LEN router=GW mtu=MTU dns=A,B search=D,E hostname=H routes=R
+#   VMSHIM-RENEW if=IF ip=IP
+#   VMSHIM-LEASE6 if=IF ip=ADDR dns=A,B search=D,E
+#                                  a DHCPv6 lease: ADDR/128 is on IF and past
+#                                  duplicate address detection (- for an
+#                                  empty field; addresses as RFC 5952 writes
+#                                  them); independent of VMSHIM-LEASE, before
+#                                  or after it
+#   VMSHIM-RENEW6 if=IF ip=ADDR    the DHCPv6 lease was renewed
 #   VMSHIM-HTTP-READY              httpd serves VMSHIM-HTTP-OK <hostname> <ip> on :8080
 #   VMSHIM-GATEWAY-OK <gw>         the first lease's gateway answers ping
 #   VMSHIM-GATEWAY-FAIL <gw>       ... or does not (- when the lease has none)
@@ -36,7 +47,9 @@
 #   VMSHIM-PEER-FAIL <peer>        ... or did not within 60 tries
 #
 # Lines starting VMSHIM-GUEST-WARNING: say what did not work (a module, the
-# power button, httpd, the agent's port or qemu-ga itself).
+# power button, httpd, the agent's port, qemu-ga itself, or a DHCPv6
+# address the interface could not have or that failed duplicate address
+# detection).
 #
 # The mode comes from /etc/vmshim-mode (baked into the initramfs), overridden
 # by vmshim.mode=wait|poweroff|panic|router-only on the kernel command line.
@@ -282,6 +295,17 @@ echo_console() {
 # more every 3 s in the background until a lease comes; it stays to renew.
 # udhcpc asks for option 121 unless VMSHIM_DHCP is router-only; udhcpc.sh
 # then ignores it too.
+#
+# Then, in the background, udhcpc6 (DHCPv6, stateful: IA_NA, with the DNS
+# servers and search list) on the same interface: 5 solicits 1 s apart, then
+# after a 10 s pause 5 more, and so on for ever until a lease comes; it stays
+# to renew. An IPv4-only link costs 5 small packets every 15 s, and neither
+# client waits for the other. udhcpc6 sends from the interface's link-local
+# address and exits without one, which the kernel only adds once the link
+# has carrier: it is started once there is one (checked every 0.5 s, then
+# every 5 s after 10 s), and again, the same way, should it exit, for as
+# long as the interface exists. The kernel handles the router
+# advertisements (on-link prefix, default route) itself.
 dhcp_on_uevent='
 case $ACTION/$SUBSYSTEM/$INTERFACE in
 add/net/eth*)
@@ -291,6 +315,19 @@ add/net/eth*)
 	[ "$VMSHIM_DHCP" != router-only ] || routes=
 	udhcpc -i "$INTERFACE" -s /etc/udhcpc/default.script -t 20 -T 1 -A 3 -b \
 		$routes -O mtu -O search >/dev/null 2>&1 </dev/null &
+	[ -x /bin/udhcpc6 ] || exit 0
+	(
+		tries=0
+		while [ -e "/sys/class/net/$INTERFACE" ]; do
+			if ip -6 addr show dev "$INTERFACE" scope link | grep -q inet6; then
+				udhcpc6 -i "$INTERFACE" -s /etc/udhcpc6/default.script -f -t 5 -T 1 -A 10 \
+					-O dns -O search
+				tries=0
+			fi
+			tries=$((tries + 1))
+			if [ $tries -le 20 ]; then sleep 0.5; else sleep 5; fi
+		done
+	) >/dev/null 2>&1 </dev/null &
 	;;
 esac'
 

@@ -7,7 +7,8 @@
 # On bound and renew it configures the interface: address, MTU, routes (the
 # classless static routes of option 121 when present, which replace option 3
 # as RFC 3442 says; else a default route through the first router),
-# /etc/resolv.conf and the hostname. Then it prints one console line:
+# /etc/resolv.conf (through udhcpc6's script, udhcpc6.sh, which adds the
+# IPv6 name servers) and the hostname. Then it prints one console line:
 #   VMSHIM-LEASE if=IF ip=IP mask=LEN router=GW mtu=MTU dns=A,B search=D,E hostname=H routes=R
 #   VMSHIM-RENEW if=IF ip=IP
 # (VMSHIM-LEASE on bound, VMSHIM-RENEW on renew). Fields are - when empty;
@@ -76,7 +77,8 @@ set_routes() {
 
 # write_resolv writes /etc/resolv.conf from the search list (option 119,
 # else the domain name of option 15) and the DNS servers, if the lease has
-# any.
+# any. udhcpc6's script, where there is one, writes the file from these
+# lines and the IPv6 name servers and search domains of DHCPv6 leases.
 write_resolv() {
 	[ -n "$dnsearch$dns" ] || return 0
 	{
@@ -85,7 +87,11 @@ write_resolv() {
 			echo "nameserver $s"
 		done
 	} >/etc/resolv.conf.tmp
-	mv /etc/resolv.conf.tmp /etc/resolv.conf
+	if [ -x /etc/udhcpc6/default.script ]; then
+		/etc/udhcpc6/default.script resolv /etc/resolv.conf.tmp
+	else
+		mv /etc/resolv.conf.tmp /etc/resolv.conf
+	fi
 }
 
 # csv joins its arguments with commas; - when there are none.

@@ -14,6 +14,7 @@ NERDCTL_DIR=$CACHE/tools/nerdctl-$NERDCTL_VERSION
 PACKAGES=(
 	qemu-system-x86 qemu-utils         # the VMMs and qcow2 tooling
 	busybox-static cpio                # test-guest initramfs
+	curl bzip2 make                    # test-guest udhcpc6, built from Debian's busybox source (with gcc, libc6-dev)
 	syslinux syslinux-common mtools fdisk dosfstools  # bootable test disk, no loop devices
 	xz-utils zstd binutils             # test-guest kernel extraction (xz/zstd, readelf)
 	grub-common xorriso isolinux ovmf  # UEFI and CD-ROM test guests (uefi.sh: grub-mkimage, ISO 9660) and the UEFI firmware
