@@ -216,7 +216,7 @@ func (p *pod) openForward(ctx context.Context, port int) (httpstream.Connection,
 		return nil, nil, nil, err
 	}
 	var conn httpstream.Connection
-	err = inNetns("/run/netns/"+env.daemon.netns, func() error {
+	err = inNetns("/run/netns/"+p.c.d.netns, func() error {
 		tr, upgrader, err := spdy.RoundTripperFor(&rest.Config{})
 		if err != nil {
 			return err

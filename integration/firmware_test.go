@@ -245,29 +245,15 @@ func distinctColours(img image.Image) int {
 	return len(seen)
 }
 
-// forwardLocally listens on 127.0.0.1:local in the suite's network
+// forwardLocally listens on 127.0.0.1:local in the pod's daemon's network
 // namespace and forwards each connection, through the CRI's port-forward
 // stream as kubectl port-forward does, to port of the pod, until the test
 // ends.
 func (p *pod) forwardLocally(ctx context.Context, t *testing.T, local, port int) {
 	t.Helper()
-	var ln net.Listener
-	if err := inNetns("/run/netns/"+env.daemon.netns, func() (err error) {
-		ln, err = net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", local))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go p.forwardConn(ctx, t, conn, port)
-		}
-	}()
+	serveIn(t, "/run/netns/"+p.c.d.netns, "tcp4", fmt.Sprintf("127.0.0.1:%d", local), func(conn net.Conn) {
+		p.forwardConn(ctx, t, conn, port)
+	})
 }
 
 // forwardConn relays conn through a CRI port-forward stream to port.

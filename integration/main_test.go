@@ -81,11 +81,18 @@ func run(m *testing.M) (int, error) {
 	return m.Run(), nil
 }
 
+// pauseArchive writes the archive of the CRI's pause image in the
+// daemon's directory and returns its path.
+func pauseArchive(d *daemon) (string, error) {
+	pause := filepath.Join(d.dir, "pause.tar")
+	return pause, writeArchive(pause, pauseImage, map[string][]byte{"pause": []byte("vmshim runs no process for pod sandboxes\n")})
+}
+
 // importImages imports the test guests and the pause image into the
 // namespaces of ctr (the tests') and of the CRI (k8s.io).
 func importImages(ctx context.Context, d *daemon, guestDir string) error {
-	pause := filepath.Join(d.dir, "pause.tar")
-	if err := writeArchive(pause, pauseImage, map[string][]byte{"pause": []byte("vmshim runs no process for pod sandboxes\n")}); err != nil {
+	pause, err := pauseArchive(d)
+	if err != nil {
 		return err
 	}
 	archives := []string{pause}
@@ -94,10 +101,8 @@ func importImages(ctx context.Context, d *daemon, guestDir string) error {
 		archives = append(archives, filepath.Join(guestDir, a))
 	}
 	for _, ns := range []string{testNamespace, criNamespace} {
-		for _, a := range archives {
-			if out, err := d.ctrIn(ctx, ns, "images", "import", a); err != nil {
-				return fmt.Errorf("import %s: %v: %s", a, err, out)
-			}
+		if err := importArchives(ctx, d, ns, archives...); err != nil {
+			return err
 		}
 	}
 	return nil

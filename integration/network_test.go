@@ -170,6 +170,29 @@ func httpGetAddr(ctx context.Context, t *testing.T, nsPath, addr string) string 
 	return body
 }
 
+// serveIn listens on addr in the network namespace at nsPath and hands
+// each connection to handle, until the test ends.
+func serveIn(t *testing.T, nsPath, network, addr string, handle func(net.Conn)) {
+	t.Helper()
+	var ln net.Listener
+	if err := inNetns(nsPath, func() (err error) {
+		ln, err = net.Listen(network, addr)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go handle(c)
+		}
+	}()
+}
+
 // inNetns runs fn on an OS thread inside the network namespace at path.
 // Sockets fn creates stay in that namespace.
 func inNetns(path string, fn func() error) error {
