@@ -340,3 +340,26 @@ func TestSetupIPv6ForwardingWholeNetns(t *testing.T) {
 		}
 	}
 }
+
+// A netns whose new interfaces start without IPv6 still gets a router
+// on the tap when the CNI interface has IPv6.
+func TestSetupIPv6NewLinksWithout(t *testing.T) {
+	ctx := testCtx(t)
+	e := newPodEnv(t)
+	e.addLink("eth0", 99, bridgeLike)
+	e.podCmd("sh", "-c", "echo 1 > "+sysctl6("default", "disable_ipv6"))
+	n := e.setup(ctx)
+	if l := n.NICs()[0].Lease6; l == nil || !l.IP.Equal(net.ParseIP("fd00:99::5")) {
+		t.Fatalf("lease6 %+v", l)
+	}
+	tap, err := e.podH.LinkByName("vmtap0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if addrs, _ := e.podH.AddrList(tap, netlink.FAMILY_V6); len(addrs) != 1 {
+		t.Errorf("tap ipv6 addresses %v, want the router's", addrs)
+	}
+	if err := n.Teardown(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -161,7 +161,11 @@ func planForwarding(p *podNS, pl *plan) error {
 // send it. The tap's settings go with it.
 func setForwarding6(p *podNS, tap string, whole bool) error {
 	return p.do(func() error {
-		settings := [][2]string{{sysctl6(tap, "accept_ra"), "0"}, {sysctl6(tap, "forwarding"), "1"}}
+		settings := [][2]string{
+			{sysctl6(tap, "accept_ra"), "0"},
+			{sysctl6(tap, "disable_ipv6"), "0"}, // a netns may default to off
+			{sysctl6(tap, "forwarding"), "1"},
+		}
 		if whole {
 			settings = append(settings, [2]string{sysctl6("all", "forwarding"), "1"})
 		} else {
