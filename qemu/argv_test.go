@@ -25,7 +25,7 @@ var baseArgs = []string{
 	"-nodefaults", "-no-user-config",
 	"-display", "none",
 	"-machine", "q35",
-	"-accel", "tcg,thread=multi,tb-size=64", "-cpu", "max",
+	"-accel", "tcg,thread=multi,tb-size=32", "-cpu", "max",
 	"-smp", "1",
 	"-m", "512M",
 	"-chardev", "socket,id=qmp,path=/run/vmshim/pod-1/qmp.sock,server=on,wait=off",
