@@ -45,6 +45,10 @@ type LaunchConfig struct {
 	// cmd.Start. If it fails after the process started, the process is
 	// killed and reaped.
 	Start func(cmd *exec.Cmd) error
+	// Span, when set, is told when each phase of the launch that began at
+	// begin is over: "qemu exec" (the process started), "qmp greeting"
+	// (its QMP monitor answered), "qmp setup" (the first queries made).
+	Span func(phase string, begin time.Time)
 }
 
 // States of the guest's end of the agent port, as VM.agentPort holds them.
@@ -104,6 +108,11 @@ func Launch(ctx context.Context, cfg LaunchConfig) (_ *VM, retErr error) {
 	if start == nil {
 		start = (*exec.Cmd).Start
 	}
+	phase := func(string, time.Time) {}
+	if cfg.Span != nil {
+		phase = cfg.Span
+	}
+	begin := time.Now()
 	if err = start(cmd); err != nil {
 		if cmd.Process != nil {
 			_ = cmd.Process.Kill()
@@ -116,6 +125,8 @@ func Launch(ctx context.Context, cfg LaunchConfig) (_ *VM, retErr error) {
 		v.agent = NewAgent(cfg.Spec.AgentSocket, v.agentOpen)
 	}
 	go v.wait(cfg.Spec.QMPSocket, cfg.Spec.AgentSocket)
+	phase("qemu exec", begin)
+	begin = time.Now()
 	logger := log.G(ctx).WithFields(log.Fields{"pid": v.Pid(), "id": cfg.Spec.Name})
 	logger.WithField("args", strings.Join(args, " ")).Debug("qemu started")
 	defer func() {
@@ -137,10 +148,13 @@ func Launch(ctx context.Context, cfg LaunchConfig) (_ *VM, retErr error) {
 		return nil, fmt.Errorf("connect to qemu pid %d: %w (qemu output: %s)", v.Pid(), err, tail.lastLines(3))
 	}
 	logger.Debug("qemu qmp ready")
+	phase("qmp greeting", begin)
+	begin = time.Now()
 	if err := v.watch(ctx, logger); err != nil {
 		// Events still tell when the guest opens the port.
 		logger.WithError(err).Warn("cannot query guest agent port state")
 	}
+	phase("qmp setup", begin)
 	return v, nil
 }
 

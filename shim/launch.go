@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/errdefs"
@@ -506,6 +507,7 @@ func (c *launch) qemu(ctx context.Context) (err error) {
 			}
 			return c.limits.start(cmd, steps...)
 		},
+		Span: func(phase string, begin time.Time) { span(c.logger, phase, begin) },
 	})
 	if err != nil {
 		stderr.Close()
@@ -526,8 +528,50 @@ func (c *launch) qemu(ctx context.Context) (err error) {
 	if c.vnc != nil {
 		c.vnc.vm.Store(vm)
 	}
+	c.pageOutBootFiles(vm)
 	return nil
 }
+
+// pageOutBootFiles has the kernel reclaim, off the way to the guest
+// running, QEMU's pages of the kernel and initrd of a direct kernel boot
+// (qemu.VM.PageOut): the guest has its copy by now. It does so again
+// once the guest has booted (bootFilesRead later), since its firmware
+// reads the initrd (and a compressed kernel) through fw_cfg, which
+// brings their pages back.
+func (c *launch) pageOutBootFiles(vm *qemu.VM) {
+	var ids []qemu.FileID
+	for _, f := range []*os.File{c.boot.KernelFile, c.boot.InitrdFile} {
+		if f == nil {
+			continue
+		}
+		id, err := qemu.FileIDOf(f)
+		if err != nil {
+			c.logger.WithError(err).Debug("page out boot files")
+			return
+		}
+		ids = append(ids, id)
+	}
+	logger := c.logger
+	go func() {
+		begin := time.Now()
+		if err := vm.PageOut(ids...); err != nil {
+			logger.WithError(err).Debug("page out boot files")
+			return
+		}
+		logger.WithField("ms", time.Since(begin).Milliseconds()).Debug("boot files paged out")
+		select {
+		case <-vm.Done():
+		case <-time.After(bootFilesRead):
+			if err := vm.PageOut(ids...); err != nil {
+				logger.WithError(err).Debug("page out boot files")
+			}
+		}
+	}()
+}
+
+// bootFilesRead is how long after QEMU's start a guest's firmware is done
+// reading the kernel and initrd through fw_cfg, with room to spare.
+const bootFilesRead = 30 * time.Second
 
 // watchOOM watches the VM's memory cgroup for OOM kills, so that the task
 // reports them; without a cgroup, or if it cannot be watched, the VM

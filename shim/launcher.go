@@ -95,10 +95,12 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		{"qemu", c.qemu},
 		{"pin vcpus", c.newResizer},
 	} {
+		begin := time.Now()
 		if err := step.do(ctx); err != nil {
 			c.logger.WithError(err).WithField("step", step.name).Debug("create failed")
 			return nil, err
 		}
+		span(c.logger, step.name, begin)
 	}
 	c.logger.WithFields(log.Fields{"pid": c.vm.Pid(), "accel": c.qs.Accel, "nics": len(c.qs.NICs), "jail": c.j != nil}).Info("vm created")
 	return c.vm, nil

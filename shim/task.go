@@ -244,15 +244,20 @@ func (t *task) start(ctx context.Context) error {
 		t.starting = false
 		t.mu.Unlock()
 	}()
+	logger := log.G(ctx).WithField("id", t.id)
 	hooks := t.vm.StartHooks()
 	if hooks != nil {
+		begin := time.Now()
 		if err := hooks.beforeStart(ctx); err != nil {
 			return fmt.Errorf("start vm %s: %w", t.id, err)
 		}
+		span(logger, "start hooks", begin)
 	}
+	begin := time.Now()
 	if err := t.run(ctx); err != nil {
 		return err
 	}
+	span(logger, "cont", begin)
 	if hooks != nil {
 		hooks.afterStart(ctx)
 	}
