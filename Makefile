@@ -29,10 +29,11 @@ export PATH := /usr/local/go/bin:$(PATH)
 help: ## show this help
 	@awk -F':.*## ' '/^[a-z0-9-]+:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-build: ## build the static shim and vmshim-pack into _output/bin
+build: ## build the static shim, its pause program and vmshim-pack into _output/bin
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
-install: build ## install the shim and vmshim-pack into $(PREFIX)/bin
+install: build ## install the shim, vmshim-pause and vmshim-pack into $(PREFIX)/bin
+	install -D -m 0755 $(BIN)/vmshim-pause $(DESTDIR)$(PREFIX)/bin/vmshim-pause
 	install -D -m 0755 $(BIN)/containerd-shim-vm-v2 $(DESTDIR)$(PREFIX)/bin/containerd-shim-vm-v2
 	install -D -m 0755 $(BIN)/vmshim-pack $(DESTDIR)$(PREFIX)/bin/vmshim-pack
 

@@ -394,6 +394,9 @@ func TestInstallerDaemonSet(t *testing.T) {
 	if src := env["SHIM_SRC"]; src == "" || !strings.Contains(string(dockerfile), "containerd-shim-vm-v2 "+src+"\n") {
 		t.Errorf("installer/Dockerfile does not copy the shim to SHIM_SRC %q", src)
 	}
+	if pause := filepath.Join(filepath.Dir(env["SHIM_SRC"]), "vmshim-pause"); !strings.Contains(string(dockerfile), "vmshim-pause "+pause+"\n") {
+		t.Errorf("installer/Dockerfile does not copy vmshim-pause next to the shim, to %s", pause)
+	}
 }
 
 func TestExamplePod(t *testing.T) {

@@ -77,6 +77,7 @@ func newFakeNode(t *testing.T) *fakeNode {
 		n.write(filepath.Join(n.configDir, k), v, 0o644)
 	}
 	n.write(n.shimSrc, "shim v1", 0o755)
+	n.write(filepath.Join(filepath.Dir(n.shimSrc), "vmshim-pause"), "pause v1", 0o755)
 	n.write(n.osRelease, "PRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\nID=debian\n", 0o644)
 	n.write(filepath.Join(n.hostRoot, "etc/containerd/config.toml"),
 		"version = 3\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n\n[plugins]\n", 0o644)
@@ -181,6 +182,9 @@ func TestInstallFreshNodeThenIdempotent(t *testing.T) {
 		t.Errorf("containerd restarted %d times, want 1; calls:\n%s", count(calls, "systemctl restart"), strings.Join(calls, "\n"))
 	}
 	cm := installerConfigMap(t, manifests(t))
+	if got := n.read("usr/local/bin/vmshim-pause"); got != "pause v1" {
+		t.Errorf("installed pause program = %q", got)
+	}
 	if got := n.read("usr/local/bin/containerd-shim-vm-v2"); got != "shim v1" {
 		t.Errorf("shim = %q, want the image's", got)
 	}

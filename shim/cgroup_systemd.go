@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math"
 	"math/big"
-	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -111,13 +110,13 @@ func (c *scopeCgroup) Start(cmd *exec.Cmd, steps ...thread.Step) error {
 }
 
 // startPlaceholder starts a process that waits, with no privileges, until
-// it is told to end: the shim binary as a pause process.
+// it is told to end: a pause process (pauseBinary).
 func startPlaceholder() (*exec.Cmd, error) {
-	self, err := os.Executable()
+	pause, err := pauseBinary()
 	if err != nil {
 		return nil, err
 	}
-	cmd := &exec.Cmd{Path: self, Args: []string{PauseName, "scope-placeholder"}, Dir: "/"}
+	cmd := &exec.Cmd{Path: pause, Args: []string{PauseName, "scope-placeholder"}, Dir: "/"}
 	return cmd, cmd.Start()
 }
 

@@ -186,3 +186,29 @@ func TestRecordReleasesPodClaim(t *testing.T) {
 		t.Fatalf("pod state %+v, %v, %v after release; want no VM", st, ok, err)
 	}
 }
+
+// A sandbox runs vmshim-pause when it is installed next to the shim, the
+// shim itself otherwise.
+func TestPauseBinary(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := pauseBinary(); err != nil || got != self {
+		t.Fatalf("pauseBinary() = %q, %v; want the shim itself, %q", got, err, self)
+	}
+	p := filepath.Join(filepath.Dir(self), PauseName)
+	if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Skipf("cannot write next to the test binary: %v", err)
+	}
+	t.Cleanup(func() { os.Remove(p) })
+	if got, _ := pauseBinary(); got != self {
+		t.Errorf("pauseBinary() = %q, want the shim: %s is not executable", got, p)
+	}
+	if err := os.Chmod(p, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := pauseBinary(); got != p {
+		t.Errorf("pauseBinary() = %q, want %q", got, p)
+	}
+}

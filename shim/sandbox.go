@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -20,16 +21,33 @@ import (
 	"github.com/vmshim/vmshim/qemu"
 )
 
-// PauseName is argv[0] of a pod sandbox's process: the shim binary run as
-// a pause process.
+// PauseName is argv[0] of a pod sandbox's process, and the name of the
+// program it runs: vmshim-pause, installed next to the shim, or the shim
+// binary itself run under that name where there is none.
 const PauseName = "vmshim-pause"
+
+// pauseBinary is the program a pod sandbox's process runs: vmshim-pause
+// next to the shim's executable, which costs a fraction of the shim's
+// memory; the shim itself where there is none.
+func pauseBinary() (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(filepath.Dir(self), PauseName)
+	if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+		return p, nil
+	}
+	return self, nil
+}
 
 // isSandbox reports whether spec is a CRI pod sandbox container.
 func isSandbox(spec *specs.Spec) bool {
 	return spec.Annotations[containerTypeAnnotation] == "sandbox"
 }
 
-// RunPause is the body of a sandbox's process: it drops every privilege
+// RunPause is the body of a sandbox's process when the shim binary runs
+// as one (see pauseBinary; cmd/vmshim-pause does the same): it drops every privilege
 // and waits for SIGTERM or SIGINT. The shim starts it in the pod's network
 // namespace; args[0] names that namespace, for ps.
 func RunPause(args []string) int {
@@ -80,7 +98,7 @@ type sandboxVM struct {
 // launchSandbox starts the pause process of a pod sandbox in the network
 // namespace at nsPath ("" for the host's).
 func launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec, nsPath string) (_ *sandboxVM, retErr error) {
-	self, err := os.Executable()
+	pause, err := pauseBinary()
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +114,7 @@ func launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec, nsPa
 	if err := limits.create(ctx, spec, rec); err != nil {
 		return nil, err
 	}
-	cmd := &exec.Cmd{Path: self, Args: []string{PauseName, nsPath}, Dir: "/"}
+	cmd := &exec.Cmd{Path: pause, Args: []string{PauseName, nsPath}, Dir: "/"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// Forked from a thread in the pod's netns, every thread of the pause
 	// process is there from its start: /proc/PID/ns/net, through which
