@@ -60,8 +60,9 @@ func TestBench(t *testing.T) {
 	r.BareArgv = benchStarts(ctx, t, c, runs[0], r)
 	r.RuncShim, r.RuncNote = benchRuncShim(ctx, t)
 	for _, n := range sizes {
-		r.Density = append(r.Density, benchDensity(ctx, t, c, n))
+		r.Density = append(r.Density, benchDensity(ctx, t, c, "density", n))
 	}
+	r.Cold = benchCold(ctx, t, c, coldPods)
 	r.Seconds = time.Since(began).Seconds()
 	if err := r.write(outDir); err != nil {
 		t.Errorf("write results: %v", err)
@@ -295,9 +296,32 @@ func (v *benchVM) memory(ctx context.Context, t *testing.T) (m podMemory, err er
 	return m, errors.Join(err, err2, err3, err4, err5, err6)
 }
 
-// benchDensity starts n small VM pods at once, waits until all have
-// booted, measures the host memory they take and removes them.
-func benchDensity(ctx context.Context, t *testing.T, c *cri, n int) densityPoint {
+// coldPods is how many pods the cold-image run starts at once.
+const coldPods = 10
+
+// benchCold is benchDensity with n pods of an image that is not unpacked:
+// the image is removed and imported again without unpacking it, so every
+// pod's CreateContainer waits for the one unpack, as on a node that has
+// just pulled it.
+func benchCold(ctx context.Context, t *testing.T, c *cri, n int) *densityPoint {
+	archive := filepath.Join(env.guestDir, "kernel-wait.tar")
+	for _, args := range [][]string{
+		{"images", "rm", "--sync", imageKernelWait},
+		{"images", "import", "--no-unpack", archive},
+	} {
+		if out, err := c.d.ctrIn(ctx, criNamespace, args...); err != nil {
+			t.Errorf("cold image: ctr %v: %v: %s", args, err, out)
+			return nil
+		}
+	}
+	pt := benchDensity(ctx, t, c, "cold", n)
+	return &pt
+}
+
+// benchDensity starts n small VM pods at once, named prefix-n-i, waits
+// until all have booted, measures the host memory they take and removes
+// them.
+func benchDensity(ctx context.Context, t *testing.T, c *cri, prefix string, n int) densityPoint {
 	pt := densityPoint{Pods: n}
 	before := memAvailableKiB(t)
 	ann := map[string]string{"vmshim.io/memory": "128Mi"} // tiny VMs
@@ -309,7 +333,7 @@ func benchDensity(ctx context.Context, t *testing.T, c *cri, n int) densityPoint
 	t0 := time.Now()
 	for i := range n {
 		wg.Go(func() {
-			vms[i], errs[i] = bootBenchVM(bootCtx, t, c, fmt.Sprintf("density-%d-%d", n, i), runtimeHandler, imageKernelWait, ann, markerBooted)
+			vms[i], errs[i] = bootBenchVM(bootCtx, t, c, fmt.Sprintf("%s-%d-%d", prefix, n, i), runtimeHandler, imageKernelWait, ann, markerBooted)
 		})
 	}
 	wg.Wait()
@@ -335,7 +359,7 @@ func benchDensity(ctx context.Context, t *testing.T, c *cri, n int) densityPoint
 		if m, err := v.memory(ctx, t); err != nil {
 			t.Errorf("density %d: pod memory: %v", n, err)
 		} else {
-			total, overhead, measured = total+m.QEMU.RSSKiB+m.Shim.PSSKiB+m.Pause.PSSKiB, overhead+m.overheadKiB(), measured+1
+			total, overhead, measured = total+m.QEMU.PSSKiB+m.Shim.PSSKiB+m.Pause.PSSKiB, overhead+m.overheadKiB(), measured+1
 		}
 	}
 	pt.ProcessesPerPodMiB = float64(total) / 1024 / float64(max(measured, 1))
