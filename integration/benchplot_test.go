@@ -196,6 +196,7 @@ func (r *benchReport) rows() []tableRow {
 		add(name, st(func(s startSample) float64 { return s.Spans[step] }), "ms", "", "")
 	}
 	add("start breakdown: the shim's steps in all", st(func(s startSample) float64 { return spanTotal(s.Spans) }), "ms", "", "")
+	below("shim-added start latency, its own work (steps less QEMU's exec and start-up)", st(func(s startSample) float64 { return spanOwn(s.Spans) }), "ms", 30)
 	nj := func(f func(startSample) float64) float64 { return median(r.StartNoJail, f) }
 	exec := func(s startSample) float64 { return s.QEMUExec }
 	ready := func(s startSample) float64 { return s.Ready - s.GuestUptime }
