@@ -334,9 +334,10 @@ func TestSetupStartsForwarder(t *testing.T) {
 	e := newPodEnv(t)
 	e.addLink("eth0", 41, bridgeLike)
 	n := e.setup(testCtx(t))
-	n.mu.Lock()
+	<-n.fwdTried
+	n.fwdMu.Lock()
 	fwd := n.fwd
-	n.mu.Unlock()
+	n.fwdMu.Unlock()
 	if fwd == nil {
 		t.Fatal("setup started no port-forward")
 	}

@@ -51,11 +51,14 @@ type Network struct {
 	cancel context.CancelFunc // stops the responders' Serve
 	wg     sync.WaitGroup     // Serve goroutines
 
-	mu         sync.Mutex // serialises Teardown; guards responders, fwd and done
+	mu         sync.Mutex // serialises Teardown; guards responders, guest6 and done
 	responders []server
-	guest6     guestAddr  // the first IPv6 NIC's guest, on its tap; nil without one
-	fwd        *forwarder // nil when no NIC has a lease or it could not start
+	guest6     guestAddr // the first IPv6 NIC's guest, on its tap; nil without one
 	done       bool
+
+	fwdMu    sync.Mutex    // guards fwd
+	fwd      *forwarder    // nil when no NIC has a lease, or until it has started, or if it could not
+	fwdTried chan struct{} // closed once the forwarder has started or failed to
 }
 
 // Setup wires every CNI interface of the netns at nsPath (a file such as
@@ -129,7 +132,7 @@ func (pl *Plan) Wire(ctx context.Context) (_ *Network, retErr error) {
 	}
 	pl.used = true
 	srvCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	n := &Network{p: pl.p, state: &pl.pl.state, logger: pl.logger, cancel: cancel, local: pl.opts.Local}
+	n := &Network{p: pl.p, state: &pl.pl.state, logger: pl.logger, cancel: cancel, local: pl.opts.Local, fwdTried: make(chan struct{})}
 	defer func() {
 		if retErr == nil {
 			return
@@ -150,7 +153,12 @@ func (pl *Plan) Wire(ctx context.Context) (_ *Network, retErr error) {
 			return nil, err
 		}
 	}
-	n.startForwarder(srvCtx)
+	// Port-forward is not needed before the guest has booted: its BPF
+	// programs load off the way to the guest running.
+	n.wg.Go(func() {
+		defer close(n.fwdTried)
+		n.startForwarder(srvCtx)
+	})
 	pl.logger.WithField("nics", len(n.nics)).Debug("pod network wired")
 	return n, nil
 }
@@ -173,12 +181,21 @@ func (n *Network) startForwarder(ctx context.Context) {
 	if guest != nil {
 		f, err := startForwarder(ctx, n.p, guest, n.local, n.logger)
 		if err != nil {
-			n.logger.WithError(err).Warn("port-forward to the guest will not work: cannot steer the netns's loopback to it with BPF sk_lookup")
+			if ctx.Err() == nil {
+				n.logger.WithError(err).Warn("port-forward to the guest will not work: cannot steer the netns's loopback to it with BPF sk_lookup")
+			}
 			return
 		}
-		n.mu.Lock()
+		n.fwdMu.Lock()
+		defer n.fwdMu.Unlock()
+		if ctx.Err() != nil {
+			// Teardown has begun, and will not see it.
+			if err := f.Close(); err != nil {
+				n.logger.WithError(err).Debug("stop port-forward")
+			}
+			return
+		}
 		n.fwd = f
-		n.mu.Unlock()
 		return
 	}
 }
@@ -338,13 +355,15 @@ func (n *Network) Teardown(ctx context.Context) error {
 	if n.done {
 		return nil
 	}
+	n.cancel()
+	n.fwdMu.Lock()
 	if n.fwd != nil {
 		if err := n.fwd.Close(); err != nil {
 			n.logger.WithError(err).Debug("stop port-forward")
 		}
 		n.fwd = nil
 	}
-	n.cancel()
+	n.fwdMu.Unlock()
 	for _, r := range n.responders {
 		if err := r.Close(); err != nil {
 			n.logger.WithError(err).Debug("close dhcp responder")
@@ -352,7 +371,7 @@ func (n *Network) Teardown(ctx context.Context) error {
 	}
 	n.responders = nil
 	if err := wait(ctx, &n.wg); err != nil {
-		return fmt.Errorf("stop dhcp responders in netns %s: %w", n.p.path, err)
+		return fmt.Errorf("stop dhcp responders and port-forward in netns %s: %w", n.p.path, err)
 	}
 	n.closeTaps()
 	if err := undo(ctx, n.p, n.state, n.logger); err != nil {
