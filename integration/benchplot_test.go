@@ -122,7 +122,7 @@ type benchReport struct {
 	// Cold is coldPods pods started at once from an image not unpacked yet.
 	Cold    *densityPoint `json:"cold_image,omitempty"`
 	Seconds float64       `json:"duration_s"`
-	Summary   []tableRow       `json:"summary"`
+	Summary []tableRow    `json:"summary"`
 }
 
 // newBenchReport starts a report with what describes the machine.
