@@ -31,9 +31,8 @@ type nicPlan struct {
 	tap       string
 	linkLocal net.IP // nil when link has no IPv4 address
 
-	addrs6   []netlink.Addr  // global IPv6 addresses, kernel order; they stay as they are
-	routes6  []netlink.Route // IPv6 main-table routes through link, for the lease
-	default6 bool            // the netns has an IPv6 default route through link
+	addrs6  []netlink.Addr  // global IPv6 addresses, kernel order; they stay as they are
+	routes6 []netlink.Route // IPv6 main-table routes through link, for the lease
 }
 
 // plan is the netns as found and what Setup will change in it.

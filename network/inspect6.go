@@ -58,9 +58,6 @@ func (v *netns6) plan(np *nicPlan) {
 			continue
 		}
 		np.routes6 = append(np.routes6, r)
-		if isDefault(r.Dst) {
-			np.default6 = true
-		}
 	}
 }
 
@@ -128,18 +125,14 @@ func planForwarding(p *podNS, pl *plan) error {
 		if haveForceForwarding() {
 			return nil
 		}
-		ifaces := []string{"all", "default"}
-		links, err := os.ReadDir("/proc/sys/net/ipv6/conf")
+		// The directory holds "all" and "default" beside the interfaces.
+		ifaces, err := os.ReadDir("/proc/sys/net/ipv6/conf")
 		if err != nil {
 			return fmt.Errorf("read ipv6 settings of netns %s: %w", p.path, err)
 		}
-		for _, l := range links {
-			if n := l.Name(); n != "all" && n != "default" {
-				ifaces = append(ifaces, n)
-			}
-		}
 		fw := map[string]string{}
-		for _, iface := range ifaces {
+		for _, e := range ifaces {
+			iface := e.Name()
 			b, err := os.ReadFile(sysctl6(iface, "forwarding"))
 			if err != nil {
 				return fmt.Errorf("read ipv6 forwarding of %s in netns %s: %w", iface, p.path, err)
