@@ -334,7 +334,6 @@ func TestSetupStartsForwarder(t *testing.T) {
 	e := newPodEnv(t)
 	e.addLink("eth0", 41, bridgeLike)
 	n := e.setup(testCtx(t))
-	<-n.fwdTried
 	n.fwdMu.Lock()
 	fwd := n.fwd
 	n.fwdMu.Unlock()

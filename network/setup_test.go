@@ -22,6 +22,8 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
+// setup wires the pod netns and waits until port-forward has started (or
+// failed to), which Setup leaves to a goroutine.
 func (e *podEnv) setup(ctx context.Context) *Network {
 	e.t.Helper()
 	n, err := Setup(ctx, e.path, Options{Hostname: "vm-pod", ResolvConf: e.resolvConf})
@@ -29,6 +31,7 @@ func (e *podEnv) setup(ctx context.Context) *Network {
 		e.t.Fatalf("setup: %v", err)
 	}
 	e.t.Cleanup(func() { _ = n.Teardown(context.Background()) })
+	<-n.fwdTried
 	return n
 }
 
