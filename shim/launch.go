@@ -27,6 +27,7 @@ import (
 	"github.com/vmshim/vmshim/jail"
 	"github.com/vmshim/vmshim/network"
 	"github.com/vmshim/vmshim/oom"
+	"github.com/vmshim/vmshim/procmem"
 	"github.com/vmshim/vmshim/qemu"
 	"github.com/vmshim/vmshim/topology"
 )
@@ -534,17 +535,17 @@ func (c *launch) qemu(ctx context.Context) (err error) {
 
 // pageOutBootFiles has the kernel reclaim, off the way to the guest
 // running, QEMU's pages of the kernel and initrd of a direct kernel boot
-// (qemu.VM.PageOut): the guest has its copy by now. It does so again
+// (procmem.PageOut): the guest has its copy by now. It does so again
 // once the guest has booted (bootFilesRead later), since its firmware
 // reads the initrd (and a compressed kernel) through fw_cfg, which
 // brings their pages back.
 func (c *launch) pageOutBootFiles(vm *qemu.VM) {
-	var ids []qemu.FileID
+	var ids []procmem.FileID
 	for _, f := range []*os.File{c.boot.KernelFile, c.boot.InitrdFile} {
 		if f == nil {
 			continue
 		}
-		id, err := qemu.FileIDOf(f)
+		id, err := procmem.FileIDOf(f)
 		if err != nil {
 			c.logger.WithError(err).Debug("page out boot files")
 			return
@@ -554,7 +555,7 @@ func (c *launch) pageOutBootFiles(vm *qemu.VM) {
 	logger := c.logger
 	go func() {
 		begin := time.Now()
-		if err := vm.PageOut(ids...); err != nil {
+		if err := procmem.PageOut(vm.Pid(), ids...); err != nil {
 			logger.WithError(err).Debug("page out boot files")
 			return
 		}
@@ -562,7 +563,7 @@ func (c *launch) pageOutBootFiles(vm *qemu.VM) {
 		select {
 		case <-vm.Done():
 		case <-time.After(bootFilesRead):
-			if err := vm.PageOut(ids...); err != nil {
+			if err := procmem.PageOut(vm.Pid(), ids...); err != nil {
 				logger.WithError(err).Debug("page out boot files")
 			}
 		}

@@ -16,6 +16,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/vmshim/vmshim/procmem"
 	"github.com/vmshim/vmshim/qemu"
 )
 
@@ -261,7 +262,24 @@ func (t *task) start(ctx context.Context) error {
 	if hooks != nil {
 		hooks.afterStart(ctx)
 	}
+	go releaseSetupMemory(logger)
+	time.AfterFunc(bootFilesRead, func() { releaseSetupMemory(logger) })
 	return nil
+}
+
+// releaseSetupMemory gives back the memory the shim used only to set its
+// VM up (procmem.ReleaseOwn), once the guest runs and again when what the
+// start left running (port-forward's programs, the firmware's reads of
+// the boot files) is done: until then the shim kept its whole program
+// mapped for the pod's life, though it runs little of it once the VM runs.
+func releaseSetupMemory(logger *log.Entry) {
+	begin := time.Now()
+	n, err := procmem.ReleaseOwn()
+	if err != nil {
+		logger.WithError(err).Debug("release setup memory")
+		return
+	}
+	logger.WithFields(log.Fields{"mib": n >> 20, "ms": time.Since(begin).Milliseconds()}).Debug("setup memory released")
 }
 
 // run starts the vCPUs of a task still created.

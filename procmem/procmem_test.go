@@ -1,4 +1,4 @@
-package qemu
+package procmem
 
 import (
 	"bufio"
@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -20,15 +21,49 @@ garbage
 7f00ad000000-7f00ac000000 r--p 00000000 fd:01 99 /backwards
 7f00ad000000-7f00ad001000 r--p 00000000 zz:01 98 /bad-dev
 `)
-	got := fileMappings(maps)
+	got := FileMappings(maps)
 	if len(got) != 2 {
 		t.Fatalf("mappings %+v, want the two file mappings", got)
 	}
-	if got[1] != (mapping{start: 0x7f00aa000000, end: 0x7f00ab000000, dev: unix.Mkdev(0, 0x2a), ino: 77}) {
+	if got[1] != (Mapping{Start: 0x7f00aa000000, End: 0x7f00ab000000, Perms: "r--p", File: FileID{unix.Mkdev(0, 0x2a), 77}}) {
 		t.Errorf("kernel mapping %+v", got[1])
 	}
-	if got[0].dev != unix.Mkdev(0xfd, 1) || got[0].ino != 1234 {
+	if got[0].File != (FileID{unix.Mkdev(0xfd, 1), 1234}) || got[0].Writable() {
 		t.Errorf("qemu mapping %+v", got[0])
+	}
+}
+
+func TestFileMappingsSmaps(t *testing.T) {
+	smaps := []byte(`00400000-00dc8000 r-xp 00000000 fe:00 10682678                           /usr/bin/containerd-shim-vm-v2
+Size:              10016 kB
+Rss:                9184 kB
+Anonymous:             0 kB
+VmFlags: rd ex mr mw me 
+00dc8000-018b9000 r--p 009c8000 fe:00 10682678                           /usr/bin/containerd-shim-vm-v2
+Size:              11204 kB
+Anonymous:             8 kB
+018b9000-0194d000 rw-p 014b9000 fe:00 10682678                           /usr/bin/containerd-shim-vm-v2
+Anonymous:           464 kB
+99136400000-99136c00000 rw-p 00000000 00:00 0 
+Anonymous:          2896 kB
+7f2d90a07000-7f2d90a8b000 r--p 00000000 fe:00 5 /lib/x
+Anonymous:          lots kB
+`)
+	got := FileMappings(smaps)
+	want := []struct {
+		perms string
+		anon  uint64
+	}{{"r-xp", 0}, {"r--p", 8}, {"rw-p", 464}, {"r--p", ^uint64(0)}}
+	if len(got) != len(want) {
+		t.Fatalf("mappings %+v, want %d", got, len(want))
+	}
+	for i, w := range want {
+		if got[i].Perms != w.perms || got[i].AnonymousKiB != w.anon {
+			t.Errorf("mapping %d: %+v, want perms %s and %d KiB anonymous", i, got[i], w.perms, w.anon)
+		}
+	}
+	if !got[2].Writable() {
+		t.Errorf("%+v is writable", got[2])
 	}
 }
 
@@ -60,7 +95,6 @@ sys.stdin.read()`, path)
 	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "mapped\n" {
 		t.Fatalf("child: %q, %v", line, err)
 	}
-	v := &VM{cmd: cmd}
 	before := mappedRss(t, cmd.Process.Pid, path)
 	if before < 4<<10 {
 		t.Fatalf("the file is not resident in the child: %d KiB", before)
@@ -74,13 +108,13 @@ sys.stdin.read()`, path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := v.PageOut(id); err != nil {
+	if err := PageOut(cmd.Process.Pid, id); err != nil {
 		t.Fatal(err)
 	}
 	if after := mappedRss(t, cmd.Process.Pid, path); after != 0 {
 		t.Errorf("%d KiB of the file still resident, %d before", after, before)
 	}
-	if err := v.PageOut(); err != nil {
+	if err := PageOut(cmd.Process.Pid); err != nil {
 		t.Errorf("no files: %v", err)
 	}
 }
@@ -108,4 +142,45 @@ func mappedRss(t *testing.T, pid int, path string) int {
 		}
 	}
 	return total
+}
+
+// ReleaseOwn unmaps this program's code and constant data, which it then
+// maps again, page by page, as it runs, and leaves its data alone.
+func TestReleaseOwn(t *testing.T) {
+	exe, err := os.Readlink("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := []int{1, 2, 3}
+	before := mappedRss(t, os.Getpid(), exe)
+	n, err := ReleaseOwn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := mappedRss(t, os.Getpid(), exe)
+	// The collection and this test's own code map some of it again at
+	// once, the more of it the smaller the program.
+	if after >= before {
+		t.Errorf("%d KiB of the program resident before, %d after", before, after)
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var readOnly uint64
+	for _, m := range FileMappings(maps) {
+		if st, err := os.Stat(exe); err == nil && m.File.Ino == st.Sys().(*syscall.Stat_t).Ino && !m.Writable() {
+			readOnly += m.End - m.Start
+		}
+	}
+	if n == 0 || n != readOnly {
+		t.Errorf("released %d bytes of mappings, want the program's read-only ones, %d", n, readOnly)
+	}
+	if data[0]+data[1]+data[2] != 6 {
+		t.Errorf("data changed: %v", data)
+	}
+	// The program still runs, and maps what it runs again.
+	if _, err := ReleaseOwn(); err != nil {
+		t.Errorf("again: %v", err)
+	}
 }
