@@ -10,8 +10,6 @@ import (
 
 // Names QEMU sees for the objects BuildArgs creates.
 const (
-	// MachineType is the QEMU machine every VM uses.
-	MachineType = "q35"
 	// ConsoleChardev is the chardev id of the guest's first serial port.
 	ConsoleChardev = "console"
 	// QMPChardev is the chardev id of the QMP monitor socket.
@@ -106,7 +104,7 @@ func BuildArgs(s Spec) ([]string, error) {
 		"-nodefaults", "-no-user-config",
 	}
 	args = append(args, displayArgs(s.VNC)...)
-	args = append(args, machineArgs(s.Firmware, s.machineMemory())...)
+	args = append(args, s.machineArgs()...)
 	switch s.Accel {
 	case AccelKVM:
 		args = append(args, "-accel", "kvm")
@@ -136,7 +134,7 @@ func BuildArgs(s Spec) ([]string, error) {
 	}
 	if s.AgentSocket != "" {
 		args = append(args,
-			"-device", "virtio-serial-pci,id="+SerialController,
+			"-device", s.virtioDevice("virtio-serial-pci")+",id="+SerialController,
 			"-chardev", listenChardev(AgentChardev, s.AgentSocket, s.AgentFD),
 			"-device", "virtserialport,bus="+SerialController+".0,id="+AgentPortID+",chardev="+AgentChardev+",name="+AgentPortName,
 		)
@@ -160,14 +158,14 @@ func BuildArgs(s Spec) ([]string, error) {
 			args = append(args, "-append", s.Append)
 		}
 	}
-	args = append(args, driveArgs(s.Drives)...)
+	args = append(args, s.driveArgs()...)
 	for _, n := range s.NICs {
-		args = append(args, nicArgs(n)...)
+		args = append(args, s.nicArgs(n)...)
 	}
 	// Shares and passed-through functions come last, so adding one never
 	// moves the PCI slot, and with it the guest's name, of a disk or NIC.
 	for _, sh := range s.Shares {
-		args = append(args, shareArgs(sh)...)
+		args = append(args, s.shareArgs(sh)...)
 	}
 	for i, addr := range s.VFIO {
 		args = append(args, "-device", "vfio-pci,host="+addr+",id="+VFIODeviceID(i))
@@ -185,18 +183,18 @@ func listenChardev(id, path string, fd int) string {
 }
 
 // driveArgs renders the block nodes and devices for validated drives.
-func driveArgs(drives []Drive) []string {
+func (s Spec) driveArgs() []string {
 	var args []string
 	made := map[string]bool{}
 	on := map[string]int{} // drives so far on each controller
-	for _, d := range drives {
+	for _, d := range s.Drives {
 		args = append(args, blockdevArgs(d)...)
 		driver := d.Driver
 		if driver == "" {
 			driver = DriverVirtioBlk
 		}
-		args = append(args, controllerArgs(driver, made)...)
-		args = append(args, "-device", deviceOpts(d, driver, on[driver]).String())
+		args = append(args, s.controllerArgs(driver, made)...)
+		args = append(args, "-device", s.deviceOpts(d, driver, on[driver]).String())
 		on[driver]++
 	}
 	return args
@@ -284,7 +282,7 @@ func withAccess(b blockdev, readOnly bool) blockdev {
 	return b
 }
 
-func deviceOpts(d Drive, driver string, n int) opts {
+func (s Spec) deviceOpts(d Drive, driver string, n int) opts {
 	var o opts
 	serial := d.Serial
 	switch driver {
@@ -301,7 +299,7 @@ func deviceOpts(d Drive, driver string, n int) opts {
 			serial = d.ID
 		}
 	default:
-		o = opts{"virtio-blk-pci"}
+		o = opts{s.virtioDevice("virtio-blk-pci")}
 	}
 	o = append(o, "id="+DeviceID(d.ID), "drive="+DiskNode(d.ID))
 	if serial != "" {
@@ -313,24 +311,25 @@ func deviceOpts(d Drive, driver string, n int) opts {
 	return o
 }
 
-func nicArgs(n NIC) []string {
+func (s Spec) nicArgs(n NIC) []string {
 	mac, _ := canonicalMAC(n.MAC) // validated by Spec.Validate
-	return []string{
-		"-netdev", fmt.Sprintf("tap,id=%s,fd=%d", NetdevID(n.ID), n.TapFD),
+	dev := fmt.Sprintf("%s,id=%s,netdev=%s,mac=%s", s.virtioDevice(nicDevices[n.Model]), NICDeviceID(n.ID), NetdevID(n.ID), mac)
+	if !s.microVM() {
 		// romfile= drops the PXE option ROM: VMs never boot from the network.
-		"-device", fmt.Sprintf("%s,id=%s,netdev=%s,mac=%s,romfile=", nicDevices[n.Model], NICDeviceID(n.ID), NetdevID(n.ID), mac),
+		dev += ",romfile="
 	}
+	return []string{"-netdev", fmt.Sprintf("tap,id=%s,fd=%d", NetdevID(n.ID), n.TapFD), "-device", dev}
 }
 
 // shareArgs renders a share's 9p backend and device. With security_model
 // none, QEMU creates files as itself and keeps no guest ownership metadata.
-func shareArgs(sh Share) []string {
+func (s Spec) shareArgs(sh Share) []string {
 	fsdev := opts{"local", "id=" + FSDevID(sh.ID)}.add("path", sh.Path).add("security_model", "none")
 	if sh.ReadOnly {
 		fsdev = append(fsdev, "readonly=on")
 	}
 	return []string{
 		"-fsdev", fsdev.String(),
-		"-device", "virtio-9p-pci,id=" + ShareDeviceID(sh.ID) + ",fsdev=" + FSDevID(sh.ID) + ",mount_tag=" + sh.Tag,
+		"-device", s.virtioDevice("virtio-9p-pci") + ",id=" + ShareDeviceID(sh.ID) + ",fsdev=" + FSDevID(sh.ID) + ",mount_tag=" + sh.Tag,
 	}
 }

@@ -24,7 +24,7 @@ var baseArgs = []string{
 	"-name", "guest=pod-1,debug-threads=on",
 	"-nodefaults", "-no-user-config",
 	"-display", "none",
-	"-machine", "q35",
+	"-machine", "q35,smbus=off,vmport=off,sata=off",
 	"-accel", "tcg,thread=multi,tb-size=32", "-cpu", "max",
 	"-smp", "1",
 	"-m", "512M",

@@ -63,14 +63,14 @@ func checkControllers(drives []Drive) error {
 }
 
 // controllerArgs adds the controller a drive's driver needs, once.
-func controllerArgs(driver string, made map[string]bool) []string {
+func (s Spec) controllerArgs(driver string, made map[string]bool) []string {
 	if made[driver] {
 		return nil
 	}
 	made[driver] = true
 	switch driver {
 	case DriverVirtioSCSI:
-		return []string{"-device", "virtio-scsi-pci,id=" + SCSIController}
+		return []string{"-device", s.virtioDevice("virtio-scsi-pci") + ",id=" + SCSIController}
 	case DriverSATA:
 		return []string{"-device", "ahci,id=" + SATAController}
 	case DriverIDE:

@@ -65,7 +65,7 @@ func TestBuildArgsGuestsWithoutVirtio(t *testing.T) {
 			name:   "uefi",
 			modify: func(s *Spec) { s.Firmware = &Firmware{Code: "/vm/OVMF_CODE.fd", Vars: "/dev/fdset/2"} },
 			want: [][]string{
-				{"-machine", "q35,pflash0=fw-code,pflash1=fw-vars"},
+				{"-machine", "q35,smbus=off,vmport=off,sata=off,pflash0=fw-code,pflash1=fw-vars"},
 				{"-blockdev", `{"driver":"file","node-name":"fw-code-file","filename":"/vm/OVMF_CODE.fd","read-only":true}`},
 				{"-blockdev", `{"driver":"raw","node-name":"fw-code","file":"fw-code-file","read-only":true}`},
 				{"-blockdev", `{"driver":"file","node-name":"fw-vars-file","filename":"/dev/fdset/2"}`},
@@ -77,7 +77,7 @@ func TestBuildArgsGuestsWithoutVirtio(t *testing.T) {
 			name:   "uefi secure boot",
 			modify: func(s *Spec) { s.Firmware = &Firmware{Code: "/vm/code.fd", Vars: "/vm/vars.fd", SecureBoot: true} },
 			want: [][]string{
-				{"-machine", "q35,smm=on,pflash0=fw-code,pflash1=fw-vars"},
+				{"-machine", "q35,smbus=off,vmport=off,sata=off,smm=on,pflash0=fw-code,pflash1=fw-vars"},
 				{"-global", "driver=cfi.pflash01,property=secure,value=on"},
 			},
 		},

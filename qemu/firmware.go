@@ -21,18 +21,6 @@ const (
 // VideoDevice is the id of the display adapter a VM with VNC gets.
 const VideoDevice = "video0"
 
-// machineArgs renders -machine: q35, with SMM and the firmware's flash
-// nodes when the VM boots UEFI.
-func machineArgs(fw *Firmware, memory string) []string {
-	m := MachineType + memory
-	if fw != nil {
-		if fw.SecureBoot {
-			m += ",smm=on"
-		}
-		m += ",pflash0=" + FirmwareCodeNode + ",pflash1=" + FirmwareVarsNode
-	}
-	return []string{"-machine", m}
-}
 
 // firmwareArgs renders the firmware's flash nodes (raw images over files)
 // and, for Secure Boot, the flash that only SMM may write.

@@ -146,6 +146,8 @@ type Spec struct {
 	// Windows applies what Windows guests want: Hyper-V enlightenments
 	// and an RTC in local time.
 	Windows bool
+	// Machine is MachineQ35 (also when "") or MachineMicroVM.
+	Machine string
 	// FDSets are inherited fds QEMU files under fd sets (-add-fd); a
 	// drive whose Path is FDSetPath(set) opens the fd of its set whose
 	// access mode matches, so QEMU resolves no path of its own.
@@ -230,7 +232,10 @@ func (s Spec) Validate() error {
 	if err := validateShares(s.Shares); err != nil {
 		return err
 	}
-	return validateVFIO(s.VFIO)
+	if err := validateVFIO(s.VFIO); err != nil {
+		return err
+	}
+	return s.validateMachine()
 }
 
 func (s Spec) validateBoot() error {
