@@ -42,7 +42,8 @@ func knownAnnotation(k string) bool {
 	case AnnotationVCPUs, AnnotationMemory, AnnotationDiskDriver, AnnotationRootDiskSize,
 		AnnotationUserData, AnnotationSSHAuthorizedKeys, AnnotationKernelCmdline, AnnotationNetworkConfig,
 		AnnotationRootDiskVolume, AnnotationRootDiskPolicy, AnnotationDiskURL, AnnotationDiskSHA256,
-		AnnotationFirmware, AnnotationGraphics, AnnotationNICModel, AnnotationOS, AnnotationCPUTopology, AnnotationMaxMemory:
+		AnnotationFirmware, AnnotationGraphics, AnnotationNICModel, AnnotationOS, AnnotationCPUTopology, AnnotationMaxMemory,
+		AnnotationMachine:
 		return true
 	}
 	return false

@@ -1,6 +1,10 @@
 package config
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/vmshim/vmshim/topology"
+)
 
 // Annotations that fit the VM to its guest.
 const (
@@ -16,6 +20,9 @@ const (
 	// AnnotationOS names the guest's OS when it wants more than a Linux
 	// guest: OSWindows.
 	AnnotationOS = AnnotationPrefix + "os"
+	// AnnotationMachine picks QEMU's machine: MachineQ35 or, for a
+	// kernel that has virtio-mmio, MachineMicroVM.
+	AnnotationMachine = AnnotationPrefix + "machine"
 )
 
 // LabelFirmware is the image label that picks the firmware, as
@@ -49,6 +56,12 @@ const (
 	DiskDriverIDE  = "ide"
 )
 
+// Machines.
+const (
+	MachineQ35     = "q35"
+	MachineMicroVM = "microvm"
+)
+
 // Guest OSes.
 const (
 	OSLinux   = "linux"
@@ -57,7 +70,7 @@ const (
 
 // guestAnnotations are the parsed annotations of this file; "" is unset.
 type guestAnnotations struct {
-	firmware, graphics, nicModel, os string
+	firmware, graphics, nicModel, os, machine string
 }
 
 // parseGuestAnnotations reads the annotations that fit the VM to its guest.
@@ -72,6 +85,7 @@ func parseGuestAnnotations(in map[string]string) (guestAnnotations, error) {
 		{AnnotationGraphics, &g.graphics, []string{GraphicsNone, GraphicsVNC}},
 		{AnnotationNICModel, &g.nicModel, []string{NICVirtio, NICE1000, NICE1000E, NICRTL8139}},
 		{AnnotationOS, &g.os, []string{OSLinux, OSWindows}},
+		{AnnotationMachine, &g.machine, []string{MachineQ35, MachineMicroVM}},
 	} {
 		v, ok := in[a.key]
 		if !ok {
@@ -91,5 +105,45 @@ func CheckFirmware(what, v string) error {
 	if !oneOf(v, FirmwareBIOS, FirmwareUEFI, FirmwareUEFISecure) {
 		return invalidf("%s: %s is not one of %s, %s, %s", what, quoteValue(v), FirmwareBIOS, FirmwareUEFI, FirmwareUEFISecure)
 	}
+	return nil
+}
+
+// resolveMachine applies vmshim.io/machine once the rest of vm is
+// resolved. A microvm has no firmware, screen, Windows devices, NIC or
+// disk controller but virtio's, and no hot-plug: it keeps the vCPUs and
+// guest RAM it boots with, and a resize changes only its CPU quota.
+func resolveMachine(vm *VM, ann annotations, in map[string]string) error {
+	vm.Machine = ann.guest.machine
+	if vm.Machine != MachineMicroVM {
+		return nil
+	}
+	lacks := func(what, because string) error {
+		return annotationErr(AnnotationMachine, "%s has no %s, which %s asks for", MachineMicroVM, what, because)
+	}
+	_, topo := in[AnnotationCPUTopology]
+	r := &vm.Resources
+	switch {
+	case vm.Firmware != "":
+		return lacks("firmware", "annotation "+AnnotationFirmware)
+	case vm.VNC:
+		return lacks("display", "annotation "+AnnotationGraphics)
+	case vm.Windows:
+		return lacks("devices for Windows", "annotation "+AnnotationOS)
+	case vm.NICModel != "" && vm.NICModel != NICVirtio:
+		return lacks(vm.NICModel+" NIC", "annotation "+AnnotationNICModel)
+	case vm.DiskDriver != DiskDriverVirtioBlk && vm.DiskDriver != DiskDriverVirtioSCSI:
+		return lacks(vm.DiskDriver+" disk controller", "the disk driver")
+	case ann.maxMemoryBytes > 0:
+		return lacks("virtio-mem to resize guest RAM", "annotation "+AnnotationMaxMemory)
+	case topo && r.Topology.CPUs() > vm.VCPUs:
+		return lacks("vCPU hot-plug", "annotation "+AnnotationCPUTopology+" beyond the vCPUs it boots with")
+	}
+	if !topo {
+		r.Topology = topology.DefaultTopology(vm.VCPUs)
+	}
+	r.MaxVCPUs, r.VCPUsFixed = vm.VCPUs, true
+	// Whatever else fixes guest RAM, the machine is what a user would
+	// have to change.
+	r.MaxMemoryMiB, r.MemoryFixedBy = vm.MemoryMiB, "machine "+MachineMicroVM+" cannot resize guest RAM"
 	return nil
 }

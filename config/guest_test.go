@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 func TestResolveGuest(t *testing.T) {
@@ -56,5 +57,67 @@ func TestCheckFirmware(t *testing.T) {
 	}
 	if err := CheckFirmware("label "+LabelFirmware, "UEFI"); err == nil || !strings.Contains(err.Error(), `label io.vmshim.firmware: "UEFI" is not one of`) {
 		t.Fatalf("CheckFirmware(UEFI) = %v", err)
+	}
+}
+
+// vmshim.io/machine: a microvm keeps the vCPUs and guest RAM it boots
+// with, and refuses in one line what it has no device for.
+func TestResolveMachine(t *testing.T) {
+	limited := func(ann map[string]string) *specs.Spec {
+		s := diskSpec(ann)
+		quota, period, mem := int64(300000), uint64(100000), int64(1<<30)
+		s.Linux.Resources = &specs.LinuxResources{CPU: &specs.LinuxCPU{Quota: &quota, Period: &period}, Memory: &specs.LinuxMemory{Limit: &mem}}
+		return s
+	}
+	micro := map[string]string{AnnotationMachine: "microvm"}
+	with := func(k, v string) map[string]string {
+		m := map[string]string{AnnotationMachine: "microvm"}
+		m[k] = v
+		return m
+	}
+	cfg := Default()
+	cfg.DefaultMaxMemory = "4Gi"
+	for _, tc := range []struct {
+		name    string
+		spec    *specs.Spec
+		want    func(*VM) bool
+		wantErr string
+	}{
+		{name: "q35 by default", spec: limited(nil), want: func(vm *VM) bool {
+			return vm.Machine == "" && vm.Resources.MaxMemoryMiB == 4096 && vm.Resources.MaxVCPUs > vm.VCPUs
+		}},
+		{name: "q35 named", spec: limited(map[string]string{AnnotationMachine: "q35"}), want: func(vm *VM) bool { return vm.Machine == MachineQ35 }},
+		{name: "microvm is not resized", spec: limited(micro), want: func(vm *VM) bool {
+			r := vm.Resources
+			return vm.Machine == MachineMicroVM && vm.VCPUs == 3 && r.MaxVCPUs == 3 && r.VCPUsFixed && r.Topology.CPUs() == 3 &&
+				r.MaxMemoryMiB == 1024 && r.MemoryFixedBy == "machine microvm cannot resize guest RAM"
+		}},
+		{name: "microvm names itself", spec: diskSpec(micro), want: func(vm *VM) bool {
+			return vm.Resources.MemoryFixedBy == "machine microvm cannot resize guest RAM"
+		}},
+		{name: "microvm with virtio-scsi", spec: diskSpec(with(AnnotationDiskDriver, "virtio-scsi")), want: func(vm *VM) bool { return vm.DiskDriver == DiskDriverVirtioSCSI }},
+		{name: "microvm with its own topology", spec: diskSpec(map[string]string{AnnotationMachine: "microvm", AnnotationVCPUs: "2", AnnotationCPUTopology: "sockets=1,cores=2,threads=1"}),
+			want: func(vm *VM) bool { return vm.Resources.Topology.CPUs() == 2 }},
+		{name: "bad machine", spec: diskSpec(map[string]string{AnnotationMachine: "pc"}), wantErr: `annotation vmshim.io/machine: "pc" is not one of q35, microvm`},
+		{name: "firmware", spec: diskSpec(with(AnnotationFirmware, "uefi")), wantErr: "annotation vmshim.io/machine: microvm has no firmware, which annotation vmshim.io/firmware asks for"},
+		{name: "screen", spec: diskSpec(with(AnnotationGraphics, "vnc")), wantErr: "microvm has no display, which annotation vmshim.io/graphics asks for"},
+		{name: "windows", spec: diskSpec(with(AnnotationOS, "windows")), wantErr: "microvm has no devices for Windows"},
+		{name: "nic model", spec: diskSpec(with(AnnotationNICModel, "rtl8139")), wantErr: "microvm has no rtl8139 NIC"},
+		{name: "disk driver", spec: diskSpec(with(AnnotationDiskDriver, "nvme")), wantErr: "microvm has no nvme disk controller"},
+		{name: "max memory", spec: limited(with(AnnotationMaxMemory, "2Gi")), wantErr: "microvm has no virtio-mem to resize guest RAM, which annotation vmshim.io/max-memory asks for"},
+		{name: "topology beyond", spec: limited(with(AnnotationCPUTopology, "sockets=1,cores=8,threads=1")), wantErr: "microvm has no vCPU hot-plug"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vm, err := Resolve(cfg, "c1", tc.spec)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errdefs.IsInvalidArgument(err) || strings.Contains(err.Error(), "\n") {
+					t.Fatalf("Resolve() = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || !tc.want(vm) {
+				t.Fatalf("Resolve() = %+v, %v", vm, err)
+			}
+		})
 	}
 }

@@ -35,6 +35,7 @@ type VM struct {
 	VNC      bool   // vmshim.io/graphics vnc
 	NICModel string // NICVirtio (also when ""), NICE1000, NICE1000E or NICRTL8139
 	Windows  bool   // vmshim.io/os windows
+	Machine  string // vmshim.io/machine: MachineMicroVM, or "" (or MachineQ35) for q35
 
 	Resources Resources
 }
@@ -88,6 +89,9 @@ func Resolve(cfg Config, id string, spec *specs.Spec) (*VM, error) {
 	}
 	vm.DiskURL, vm.DiskSHA256 = ann.diskURL, ann.diskSHA256
 	resolveGuest(vm, ann)
+	if err := resolveMachine(vm, ann, spec.Annotations); err != nil {
+		return nil, err
+	}
 	if ann.rootDiskVolume != "" {
 		if vm.RootVolume, err = resolveRootVolume(spec, ann.rootDiskVolume); err != nil {
 			return nil, err

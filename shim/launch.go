@@ -474,7 +474,11 @@ func containerGroups(spec *specs.Spec) []uint32 {
 func (c *launch) qemu(ctx context.Context) (err error) {
 	c.qs.Name = c.r.ID
 	c.qs.Sandbox, c.qs.Paused = c.cfg.Sandbox, true
-	c.qs.VNC, c.qs.Windows = c.desc.VNC, c.desc.Windows
+	c.qs.VNC, c.qs.Windows, c.qs.Machine = c.desc.VNC, c.desc.Windows, c.desc.Machine
+	if c.qs.Machine == config.MachineMicroVM && c.qs.Kernel == "" {
+		return fmt.Errorf("annotation %s: %s boots a kernel directly, and the image boots a disk: %w",
+			config.AnnotationMachine, config.MachineMicroVM, errdefs.ErrInvalidArgument)
+	}
 	c.qs.QMPSocket = filepath.Join(c.rec.RuntimeDir, "qmp.sock")
 	// Exec runs through qemu-guest-agent; a guest without one simply
 	// never opens the port.
