@@ -236,10 +236,11 @@ build_initrd() {
 	add_module "$tree" pvpanic_mmio "$root/lib/modules" "$root/lib/modules/order"
 	# The virtio NIC: virtio_pci (with virtio, virtio_ring and the modern
 	# and legacy PCI transports) finds the device, virtio_net (with
-	# net_failover and failover) drives it. udhcpc needs packet sockets,
-	# which Debian builds in (CONFIG_PACKET=y); af_packet is added in case
-	# a kernel has them as a module.
-	for m in virtio_pci virtio_net af_packet; do
+	# net_failover and failover) drives it. virtio_mmio finds the virtio
+	# devices of QEMU's microvm machine, which has no PCI. udhcpc needs
+	# packet sockets, which Debian builds in (CONFIG_PACKET=y); af_packet
+	# is added in case a kernel has them as a module.
+	for m in virtio_pci virtio_mmio virtio_net af_packet; do
 		add_module "$tree" "$m" "$root/lib/modules" "$root/lib/modules/order"
 	done
 	# virtio_mem grows and shrinks guest RAM when the shim resizes the VM;
