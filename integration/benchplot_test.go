@@ -110,15 +110,19 @@ type benchReport struct {
 	// StartNoJail are starts with config jail = false, for the jail's cost.
 	StartNoJail []startSample `json:"start_no_jail"`
 	// StartBIOS and StartUEFI are disk boots through SeaBIOS and OVMF.
-	StartBIOS []startSample    `json:"start_disk_bios"`
-	StartUEFI []startSample    `json:"start_disk_uefi"`
-	BareArgv  []string         `json:"bare_qemu_argv"`
-	PodMemory []podMemory      `json:"pod_memory"`
-	RuncShim  *rollup          `json:"runc_shim,omitempty"`
-	RuncNote  string           `json:"runc_note,omitempty"`
-	Graceful  []teardownSample `json:"teardown_graceful"`
-	Forced    []teardownSample `json:"teardown_forced"`
-	Density   []densityPoint   `json:"density"`
+	StartBIOS []startSample `json:"start_disk_bios"`
+	StartUEFI []startSample `json:"start_disk_uefi"`
+	// StartMicroVM are the kernel's boots on the microvm machine, and
+	// MicroVMMemory one such pod's memory.
+	StartMicroVM  []startSample    `json:"start_microvm"`
+	MicroVMMemory []podMemory      `json:"microvm_memory"`
+	BareArgv      []string         `json:"bare_qemu_argv"`
+	PodMemory     []podMemory      `json:"pod_memory"`
+	RuncShim      *rollup          `json:"runc_shim,omitempty"`
+	RuncNote      string           `json:"runc_note,omitempty"`
+	Graceful      []teardownSample `json:"teardown_graceful"`
+	Forced        []teardownSample `json:"teardown_forced"`
+	Density       []densityPoint   `json:"density"`
 	// Cold is coldPods pods started at once from an image not unpacked yet.
 	Cold    *densityPoint `json:"cold_image,omitempty"`
 	Seconds float64       `json:"duration_s"`
@@ -208,6 +212,13 @@ func (r *benchReport) rows() []tableRow {
 	add("start, disk with OVMF (uefi): CreateContainer call → ready", fwReady(r.StartUEFI), "ms", "", "")
 	add("UEFI cost: OVMF − SeaBIOS, CreateContainer call → ready", fwReady(r.StartUEFI)-fwReady(r.StartBIOS), "ms", "", "")
 	add("start: the guest's own boot (its uptime at BOOTED)", st(func(s startSample) float64 { return s.GuestUptime }), "ms", "", "")
+	mv := func(f func(startSample) float64) float64 { return median(r.StartMicroVM, f) }
+	uptime := func(s startSample) float64 { return s.GuestUptime }
+	add("microvm: CreateContainer call → ready", mv(func(s startSample) float64 { return s.Ready }), "ms", "", "")
+	add("microvm: the guest's own boot (its uptime at BOOTED)", mv(uptime), "ms", "", "")
+	add("microvm − q35: CreateContainer call → ready", mv(func(s startSample) float64 { return s.Ready })-st(func(s startSample) float64 { return s.Ready }), "ms", "", "")
+	add("microvm: QEMU start-up (QMP greeting)", mv(func(s startSample) float64 { return s.Spans["qmp greeting"] }), "ms", "", "")
+	add("microvm: host overhead per VM pod", median(r.MicroVMMemory, func(m podMemory) float64 { return float64(m.overheadKiB()) / 1024 }), "MiB", "", "")
 	paired := slices.DeleteFunc(slices.Clone(r.Start), func(s startSample) bool { return s.Bare == nil })
 	pair := func(f func(s startSample, b bareSample) float64) float64 {
 		return median(paired, func(s startSample) float64 { return f(s, *s.Bare) })
