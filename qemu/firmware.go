@@ -21,7 +21,6 @@ const (
 // VideoDevice is the id of the display adapter a VM with VNC gets.
 const VideoDevice = "video0"
 
-
 // firmwareArgs renders the firmware's flash nodes (raw images over files)
 // and, for Secure Boot, the flash that only SMM may write.
 func firmwareArgs(fw *Firmware) []string {

@@ -136,7 +136,7 @@ func Launch(ctx context.Context, cfg LaunchConfig) (_ *VM, retErr error) {
 		}
 	}()
 
-	v.qmp, err = v.connect(ctx, cfg.Spec.QMPSocket)
+	query, err := v.connect(ctx, cfg.Spec.QMPSocket, logger)
 	if err != nil {
 		select {
 		case <-v.done:
@@ -150,23 +150,14 @@ func Launch(ctx context.Context, cfg LaunchConfig) (_ *VM, retErr error) {
 	logger.Debug("qemu qmp ready")
 	phase("qmp greeting", begin)
 	begin = time.Now()
-	if err := v.watch(ctx, logger); err != nil {
-		// Events still tell when the guest opens the port.
-		logger.WithError(err).Warn("cannot query guest agent port state")
+	if query != nil {
+		if err := v.agentPortState(ctx, query); err != nil {
+			// Events still tell when the guest opens the port.
+			logger.WithError(err).Warn("cannot query guest agent port state")
+		}
 	}
 	phase("qmp setup", begin)
 	return v, nil
-}
-
-// watch follows QMP events until the connection ends (see follow) and,
-// with an agent port, queries the port's state before the first event.
-func (v *VM) watch(ctx context.Context, logger *log.Entry) error {
-	events, _ := v.qmp.Events() // ends with the connection
-	go v.follow(logger, events)
-	if v.agent == nil {
-		return nil
-	}
-	return v.queryAgentPort(ctx)
 }
 
 // chardevInfo is one entry of the reply to query-chardev.
@@ -175,12 +166,12 @@ type chardevInfo struct {
 	FrontendOpen bool   `json:"frontend-open"`
 }
 
-// queryAgentPort sets the agent port's state from query-chardev, unless an
-// event has already told. After a failed query the port counts as closed
-// until an event says otherwise.
-func (v *VM) queryAgentPort(ctx context.Context) error {
+// agentPortState sets the agent port's state from the reply to
+// query-chardev, unless an event has already told. After a failed query
+// the port counts as closed until an event says otherwise.
+func (v *VM) agentPortState(ctx context.Context, query *Pending) error {
 	var devs []chardevInfo
-	if err := v.qmp.Execute(ctx, "query-chardev", nil, &devs); err != nil {
+	if err := query.Wait(ctx, &devs); err != nil {
 		return err
 	}
 	for _, d := range devs {
@@ -291,13 +282,18 @@ func (v *VM) agentOpen() bool { return v.agentPort.Load() == agentPortOpen }
 // Agent returns the guest agent client, or nil when the VM has no agent port.
 func (v *VM) Agent() *Agent { return v.agent }
 
-// connect dials QMP until it answers, QEMU exits or ctx ends.
-func (v *VM) connect(ctx context.Context, socket string) (*Client, error) {
+// connect dials QMP until it answers, QEMU exits or ctx ends, and
+// follows its events (see follow). It sends qmp_capabilities and, with
+// an agent port, query-chardev at once, not waiting for QEMU's greeting,
+// and waits for the first: the handshake and the query take one round
+// trip, and events are followed before the query is answered. It returns
+// the query, whose reply is yet to be taken.
+func (v *VM) connect(ctx context.Context, socket string, logger *log.Entry) (*Pending, error) {
 	var lastErr error
 	for {
-		c, err := Dial(ctx, socket)
+		query, err := v.handshake(ctx, socket, logger)
 		if err == nil {
-			return c, nil
+			return query, nil
 		}
 		lastErr = err
 		t := time.NewTimer(dialRetry)
@@ -311,6 +307,43 @@ func (v *VM) connect(ctx context.Context, socket string) (*Client, error) {
 			return nil, fmt.Errorf("%w (last attempt: %v)", ctx.Err(), lastErr)
 		}
 	}
+}
+
+// handshake is one attempt of connect.
+func (v *VM) handshake(ctx context.Context, socket string, logger *log.Entry) (*Pending, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("dial qmp %s: %w", socket, err)
+	}
+	query, err := v.open(ctx, conn, logger)
+	if err != nil {
+		return nil, fmt.Errorf("qmp %s: %w", socket, err)
+	}
+	return query, nil
+}
+
+// open takes over conn for v.qmp: see connect.
+func (v *VM) open(ctx context.Context, conn net.Conn, logger *log.Entry) (*Pending, error) {
+	c := Open(ctx, conn)
+	events, _ := c.Events() // ends with the connection
+	caps, err := c.Send(ctx, "qmp_capabilities", nil)
+	var query *Pending
+	if err == nil && v.agent != nil {
+		query, err = c.Send(ctx, "query-chardev", nil)
+	}
+	if err == nil {
+		err = caps.Wait(ctx, nil)
+	}
+	if err != nil {
+		c.Close()
+		for range events {
+		}
+		return nil, err
+	}
+	v.qmp = c
+	go v.follow(logger, events)
+	return query, nil
 }
 
 // wait reaps QEMU, records its exit status, removes its listening sockets

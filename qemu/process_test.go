@@ -288,20 +288,28 @@ func TestWatchAgentPort(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, p := connect(t)
+			p, conn := newPeer(t)
 			f := newFakeAgent(t, func(fakeRequest) string { return `{"return": {}}` })
-			v := &VM{qmp: c}
+			v := &VM{}
 			v.agent = NewAgent(f.path, v.agentOpen)
 			defer v.agent.Close()
+			// The client sends the handshake and the query before QEMU's
+			// greeting: one round trip for both.
 			go func() {
-				r := p.recv()
-				if r.Execute != "query-chardev" {
-					t.Errorf("command = %q, want query-chardev", r.Execute)
+				caps, query := p.recv(), p.recv()
+				if caps.Execute != "qmp_capabilities" || query.Execute != "query-chardev" {
+					t.Errorf("commands %q, %q, want qmp_capabilities and query-chardev", caps.Execute, query.Execute)
 				}
-				p.send(`{"return": %s, "id": %s}`, tt.chardevs, r.ID)
+				p.send("%s", greeting)
+				p.send(`{"return": {}, "id": %s}`, caps.ID)
+				p.send(`{"return": %s, "id": %s}`, tt.chardevs, query.ID)
 			}()
 			ctx := testCtx(t, 10*time.Second)
-			if err := v.watch(ctx, log.G(ctx)); err != nil {
+			query, err := v.open(ctx, conn, log.G(ctx))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := v.agentPortState(ctx, query); err != nil {
 				t.Fatal(err)
 			}
 			// ready polls until the client sees the port in state open.
@@ -390,12 +398,15 @@ func TestLogFault(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			v, p := scriptedVM(t)
+			p, conn := newPeer(t)
+			v := &VM{cmd: &exec.Cmd{Process: &os.Process{Pid: 4242}}}
+			go p.handshake()
 			logger, hook := logtest.NewNullLogger()
 			ctx := testCtx(t, 10*time.Second)
-			if err := v.watch(ctx, logrus.NewEntry(logger).WithField("pid", v.Pid())); err != nil {
+			if _, err := v.open(ctx, conn, logrus.NewEntry(logger).WithField("pid", v.Pid())); err != nil {
 				t.Fatal(err)
 			}
+			t.Cleanup(func() { v.qmp.Close() })
 			p.send(`{"event": "STOP", "timestamp": {"seconds": 1, "microseconds": 0}}`)
 			p.send("%s", tt.event)
 			for len(hook.AllEntries()) == 0 {

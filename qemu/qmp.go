@@ -84,7 +84,6 @@ type Client struct {
 	nextSub uint64                   // guarded by mu
 	err     error                    // guarded by mu; why the connection ended
 
-	greeting  chan struct{} // closed once the greeting has been read
 	done      chan struct{} // closed when the reader has stopped
 	closeOnce sync.Once
 	closeErr  error
@@ -132,30 +131,32 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 // NewClient takes over conn, reads QEMU's greeting and leaves capability
 // negotiation mode. On error conn is closed.
 func NewClient(ctx context.Context, conn net.Conn) (*Client, error) {
-	c := &Client{
-		conn:     conn,
-		log:      log.G(ctx),
-		wsem:     make(chan struct{}, 1),
-		fdsem:    make(chan struct{}, 1),
-		pending:  map[string]chan response{},
-		subs:     map[uint64]chan Event{},
-		greeting: make(chan struct{}),
-		done:     make(chan struct{}),
-	}
-	go c.read()
-	select {
-	case <-c.greeting:
-	case <-c.done:
-		return nil, fmt.Errorf("read qmp greeting: %w", c.closedErr())
-	case <-ctx.Done():
-		c.Close()
-		return nil, fmt.Errorf("read qmp greeting: %w", ctx.Err())
-	}
+	c := Open(ctx, conn)
 	if err := c.Execute(ctx, "qmp_capabilities", nil, nil); err != nil {
 		c.Close()
-		return nil, err
+		return nil, fmt.Errorf("qmp handshake: %w", err)
 	}
 	return c, nil
+}
+
+// Open takes over conn and starts reading it, and returns at once: it
+// waits for no greeting and sends nothing. The caller sends
+// qmp_capabilities first; it and the commands sent after it may go out
+// before QEMU's greeting comes in, since QEMU reads them after sending
+// it, in order, so a handshake and a few commands take one round trip.
+// Their replies come after the greeting, which must be the first message.
+func Open(ctx context.Context, conn net.Conn) *Client {
+	c := &Client{
+		conn:    conn,
+		log:     log.G(ctx),
+		wsem:    make(chan struct{}, 1),
+		fdsem:   make(chan struct{}, 1),
+		pending: map[string]chan response{},
+		subs:    map[uint64]chan Event{},
+		done:    make(chan struct{}),
+	}
+	go c.read()
+	return c
 }
 
 // Done returns a channel closed when the connection ends.
@@ -213,7 +214,6 @@ func (c *Client) readLoop() error {
 				return fmt.Errorf("qmp greeting expected, got %.100s", raw)
 			}
 			greeted = true
-			close(c.greeting)
 		case m.Event != "":
 			c.publish(m)
 		case m.Return != nil || m.Error != nil:
@@ -287,15 +287,46 @@ func (c *Client) Events() (<-chan Event, func()) {
 // ctx ends first, Execute returns ctx's error, wrapped in ErrNoReply if the
 // command had been sent, and a late reply is discarded.
 func (c *Client) Execute(ctx context.Context, cmd string, args, result any) error {
-	ret, err := c.execute(ctx, cmd, args, nil)
+	p, err := c.Send(ctx, cmd, args)
 	if err != nil {
-		return fmt.Errorf("qmp %s: %w", cmd, err)
+		return err
+	}
+	return p.Wait(ctx, result)
+}
+
+// Pending is a command sent whose reply is still to be taken.
+type Pending struct {
+	c   *Client
+	cmd string
+	id  string
+	ch  chan response
+}
+
+// Send sends cmd with args (nil for none) and returns without waiting
+// for the reply, which Pending.Wait takes. Commands sent one after
+// another are answered in order: a caller that sends several and then
+// waits for each pays one round trip.
+func (c *Client) Send(ctx context.Context, cmd string, args any) (*Pending, error) {
+	p, err := c.send1(ctx, cmd, args, nil)
+	if err != nil {
+		return nil, fmt.Errorf("qmp %s: %w", cmd, err)
+	}
+	return p, nil
+}
+
+// Wait waits for the command's reply and decodes it into result (nil to
+// discard it), as Execute does. When ctx ends first, the late reply is
+// discarded.
+func (p *Pending) Wait(ctx context.Context, result any) error {
+	ret, err := p.wait(ctx)
+	if err != nil {
+		return fmt.Errorf("qmp %s: %w", p.cmd, err)
 	}
 	if result == nil {
 		return nil
 	}
 	if err := json.Unmarshal(ret, result); err != nil {
-		return fmt.Errorf("qmp %s: decode reply: %w", cmd, err)
+		return fmt.Errorf("qmp %s: decode reply: %w", p.cmd, err)
 	}
 	return nil
 }
@@ -303,6 +334,16 @@ func (c *Client) Execute(ctx context.Context, cmd string, args, result any) erro
 // execute sends cmd, with oob (SCM_RIGHTS) attached when not nil, and
 // waits for its reply.
 func (c *Client) execute(ctx context.Context, cmd string, args any, oob []byte) (json.RawMessage, error) {
+	p, err := c.send1(ctx, cmd, args, oob)
+	if err != nil {
+		return nil, err
+	}
+	return p.wait(ctx)
+}
+
+// send1 registers cmd under a new id and writes it, with oob attached
+// when not nil.
+func (c *Client) send1(ctx context.Context, cmd string, args any, oob []byte) (*Pending, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -312,37 +353,43 @@ func (c *Client) execute(ctx context.Context, cmd string, args any, oob []byte) 
 		return nil, c.err
 	}
 	c.nextID++
-	id := strconv.FormatUint(c.nextID, 10)
-	ch := make(chan response, 1)
-	c.pending[id] = ch
+	p := &Pending{c: c, cmd: cmd, id: strconv.FormatUint(c.nextID, 10), ch: make(chan response, 1)}
+	c.pending[p.id] = p.ch
 	c.mu.Unlock()
-	forget := func() {
-		c.mu.Lock()
-		delete(c.pending, id)
-		c.mu.Unlock()
-	}
 
-	b, err := json.Marshal(request{Execute: cmd, Arguments: args, ID: id})
+	b, err := json.Marshal(request{Execute: cmd, Arguments: args, ID: p.id})
 	if err != nil {
-		forget()
+		p.forget()
 		return nil, fmt.Errorf("encode arguments: %w", err)
 	}
 	if err := c.write(ctx, append(b, '\n'), oob); err != nil {
-		forget()
+		p.forget()
 		return nil, err
 	}
+	return p, nil
+}
+
+// forget drops the command's entry: a reply that comes later is discarded.
+func (p *Pending) forget() {
+	p.c.mu.Lock()
+	delete(p.c.pending, p.id)
+	p.c.mu.Unlock()
+}
+
+// wait takes the command's reply.
+func (p *Pending) wait(ctx context.Context) (json.RawMessage, error) {
 	select {
-	case r := <-ch:
+	case r := <-p.ch:
 		return r.ret, r.asError()
 	case <-ctx.Done():
-		forget()
+		p.forget()
 		return nil, fmt.Errorf("%w: %w", ErrNoReply, ctx.Err())
-	case <-c.done:
+	case <-p.c.done:
 		select {
-		case r := <-ch:
+		case r := <-p.ch:
 			return r.ret, r.asError()
 		default:
-			return nil, c.closedErr()
+			return nil, p.c.closedErr()
 		}
 	}
 }

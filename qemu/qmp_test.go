@@ -496,3 +496,46 @@ func TestQMPRealQEMU(t *testing.T) {
 		t.Fatal("client not done after qemu exit")
 	}
 }
+
+// Commands sent with Open's client go out before QEMU's greeting comes
+// in, and each reply reaches its own command, in whatever order QEMU
+// answers.
+func TestClientPipelined(t *testing.T) {
+	check := noLeak(t)
+	p, conn := newPeer(t)
+	ctx := testCtx(t, 5*time.Second)
+	c := Open(ctx, conn)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		caps, status := p.recv(), p.recv() // nothing sent to the client yet
+		if caps.Execute != "qmp_capabilities" || status.Execute != "query-status" {
+			t.Errorf("commands %q, %q", caps.Execute, status.Execute)
+		}
+		p.send("%s", greeting)
+		p.send(`{"return": {"status": "prelaunch", "running": false}, "id": %s}`, status.ID)
+		p.send(`{"return": {}, "id": %s}`, caps.ID)
+	}()
+	caps, err := c.Send(ctx, "qmp_capabilities", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, err := c.Send(ctx, "query-status", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caps.Wait(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	var st Status
+	if err := status.Wait(ctx, &st); err != nil || st.Status != "prelaunch" {
+		t.Fatalf("query-status = %+v, %v", st, err)
+	}
+	<-done
+	c.Close()
+	// A command sent once the connection is gone fails at once.
+	if _, err := c.Send(ctx, "cont", nil); !errors.Is(err, ErrClosed) {
+		t.Errorf("Send after Close: %v, want ErrClosed", err)
+	}
+	check()
+}
