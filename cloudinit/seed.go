@@ -94,6 +94,10 @@ func seedText() []vdText {
 // util-linux does. The image's scratch files live in a temporary directory
 // of the shim's own.
 //
+// f is not synced: QEMU reads the seed through the page cache, and every
+// create writes it anew, so no crash can leave a VM with a torn one, and
+// an fsync on a busy node's disk can hold a create up for long.
+//
 // The image has no Joliet tree: Linux reads the names from Rock Ridge,
 // and go-diskfs zeroes the Joliet root directory when the last file's size
 // is a multiple of the block size (an empty file included).
@@ -130,9 +134,6 @@ func WriteSeed(f *os.File, files map[string][]byte) error {
 		return fmt.Errorf("seed %s: %w", name, err)
 	}
 	if err := standardizeDescriptor(f, blocks); err != nil {
-		return fmt.Errorf("seed %s: %w", name, err)
-	}
-	if err := f.Sync(); err != nil {
 		return fmt.Errorf("seed %s: %w", name, err)
 	}
 	return nil
