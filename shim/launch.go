@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
@@ -539,10 +540,11 @@ func (c *launch) qemu(ctx context.Context) (err error) {
 
 // pageOutBootFiles has the kernel reclaim, off the way to the guest
 // running, QEMU's pages of the kernel and initrd of a direct kernel boot
-// (procmem.PageOut): the guest has its copy by now. It does so again
-// once the guest has booted (bootFilesRead later), since its firmware
-// reads the initrd (and a compressed kernel) through fw_cfg, which
-// brings their pages back.
+// (procmem.PageOut): the guest has its copy by now. The firmware then
+// reads the initrd (and a compressed kernel) through fw_cfg, which brings
+// their pages back, until it starts the kernel: the shim does it again
+// at the guest's first console output, which comes from the kernel, and
+// once more bootFilesRead later, for a kernel that prints nothing.
 func (c *launch) pageOutBootFiles(vm *qemu.VM) {
 	var ids []procmem.FileID
 	for _, f := range []*os.File{c.boot.KernelFile, c.boot.InitrdFile} {
@@ -556,22 +558,43 @@ func (c *launch) pageOutBootFiles(vm *qemu.VM) {
 		}
 		ids = append(ids, id)
 	}
+	if len(ids) == 0 {
+		return
+	}
 	logger := c.logger
-	go func() {
+	pageOut := func(when string) {
 		begin := time.Now()
 		if err := procmem.PageOut(vm.Pid(), ids...); err != nil {
-			logger.WithError(err).Debug("page out boot files")
+			logger.WithError(err).WithField("when", when).Debug("page out boot files")
 			return
 		}
-		logger.WithField("ms", time.Since(begin).Milliseconds()).Debug("boot files paged out")
+		logger.WithFields(log.Fields{"when": when, "ms": time.Since(begin).Milliseconds()}).Debug("boot files paged out")
+	}
+	c.vm.console = &firstRead{Conn: c.vm.console, then: func() { go pageOut("guest output") }}
+	go func() {
+		pageOut("qemu started")
 		select {
 		case <-vm.Done():
 		case <-time.After(bootFilesRead):
-			if err := procmem.PageOut(vm.Pid(), ids...); err != nil {
-				logger.WithError(err).Debug("page out boot files")
-			}
+			pageOut("after boot")
 		}
 	}()
+}
+
+// firstRead is a connection that calls then once, when a read first
+// returns data.
+type firstRead struct {
+	net.Conn
+	once sync.Once
+	then func()
+}
+
+func (f *firstRead) Read(p []byte) (int, error) {
+	n, err := f.Conn.Read(p)
+	if n > 0 {
+		f.once.Do(f.then)
+	}
+	return n, err
 }
 
 // bootFilesRead is how long after QEMU's start a guest's firmware is done
