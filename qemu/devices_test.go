@@ -7,7 +7,9 @@ import (
 )
 
 // TestBuildArgsGuestsWithoutVirtio checks the argv of SATA and IDE disks,
-// CD-ROMs, NIC models, UEFI firmware, VNC and Windows: each expected run
+// CD-ROMs, NIC models, UEFI firmware, VNC and Windows, and what q35 goes
+// without (its AHCI controller, kept for SATA; VMware's port, kept with
+// a screen): each expected run
 // of arguments appears, in order, and the forbidden ones do not.
 func TestBuildArgsGuestsWithoutVirtio(t *testing.T) {
 	raw := func(id, driver string) Drive {
@@ -31,6 +33,7 @@ func TestBuildArgsGuestsWithoutVirtio(t *testing.T) {
 				s.Drives[1].BootIndex = 1
 			},
 			want: [][]string{
+				{"-machine", "q35,smbus=off,vmport=off"}, // the built-in AHCI controller kept
 				{"-device", "ahci,id=sata0"},
 				{"-device", "ide-hd,bus=sata0.0,id=dev-root,drive=disk-root"},
 				{"-device", "ide-cd,bus=sata0.1,id=dev-iso,drive=disk-iso,bootindex=1"},
@@ -62,6 +65,11 @@ func TestBuildArgsGuestsWithoutVirtio(t *testing.T) {
 			},
 		},
 		{
+			name:   "q35 named",
+			modify: func(s *Spec) { s.Machine = MachineQ35 },
+			want:   [][]string{{"-machine", "q35,smbus=off,vmport=off,sata=off"}},
+		},
+		{
 			name:   "uefi",
 			modify: func(s *Spec) { s.Firmware = &Firmware{Code: "/vm/OVMF_CODE.fd", Vars: "/dev/fdset/2"} },
 			want: [][]string{
@@ -84,7 +92,7 @@ func TestBuildArgsGuestsWithoutVirtio(t *testing.T) {
 		{
 			name:   "vnc",
 			modify: func(s *Spec) { s.VNC = true },
-			want:   [][]string{{"-display", "none", "-vnc", "none", "-device", "VGA,id=video0"}},
+			want:   [][]string{{"-display", "none", "-vnc", "none", "-device", "VGA,id=video0"}, {"-machine", "q35,smbus=off,sata=off"}},
 		},
 		{
 			name:   "windows under tcg",
@@ -106,20 +114,26 @@ func TestBuildArgsGuestsWithoutVirtio(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			at := 0
-			for _, run := range tc.want {
-				i := indexRun(got[at:], run)
-				if i < 0 {
-					t.Fatalf("argv lacks %q after position %d:\n%q", run, at, got)
-				}
-				at += i + len(run)
-			}
+			wantRuns(t, got, tc.want)
 			for _, a := range tc.absent {
 				if slices.ContainsFunc(got, func(g string) bool { return strings.Contains(g, a) }) {
 					t.Errorf("argv has %q:\n%q", a, got)
 				}
 			}
 		})
+	}
+}
+
+// wantRuns fails t unless each run of arguments is in got, in order.
+func wantRuns(t *testing.T, got []string, runs [][]string) {
+	t.Helper()
+	at := 0
+	for _, run := range runs {
+		i := indexRun(got[at:], run)
+		if i < 0 {
+			t.Fatalf("argv lacks %q after position %d:\n%q", run, at, got)
+		}
+		at += i + len(run)
 	}
 }
 
