@@ -336,9 +336,7 @@ func (v *VM) open(ctx context.Context, conn net.Conn, logger *log.Entry) (*Pendi
 		err = caps.Wait(ctx, nil)
 	}
 	if err != nil {
-		c.Close()
-		for range events {
-		}
+		c.Close() // which ends events too
 		return nil, err
 	}
 	v.qmp = c

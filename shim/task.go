@@ -263,14 +263,17 @@ func (t *task) start(ctx context.Context) error {
 		hooks.afterStart(ctx)
 	}
 	go releaseSetupMemory(logger)
-	time.AfterFunc(bootFilesRead, func() { releaseSetupMemory(logger) })
+	time.AfterFunc(releaseAgain, func() { releaseSetupMemory(logger) })
 	return nil
 }
 
+// releaseAgain is when, after the VM's start, the shim gives back its
+// setup memory a second time: what the start left running (port-forward's
+// BPF programs loading) is long done by then.
+const releaseAgain = 30 * time.Second
+
 // releaseSetupMemory gives back the memory the shim used only to set its
-// VM up (procmem.ReleaseOwn), once the guest runs and again when what the
-// start left running (port-forward's programs, the firmware's reads of
-// the boot files) is done: until then the shim kept its whole program
+// VM up (procmem.ReleaseOwn): without it the shim kept its whole program
 // mapped for the pod's life, though it runs little of it once the VM runs.
 func releaseSetupMemory(logger *log.Entry) {
 	begin := time.Now()
