@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -11,17 +13,22 @@ import (
 )
 
 // TestMicroVM runs a kernel image on QEMU's microvm machine through the
-// CRI: the guest boots with no PCI bus, finds its seed disk, NIC and
-// agent port on virtio-mmio, takes the pod's address, and runs execs;
-// a resize changes only what the machine allows.
+// CRI: the guest boots with no PCI bus, finds its seed disk, NIC, agent
+// port and volume share on virtio-mmio, takes the pod's address, and
+// runs execs; a resize changes only what the machine allows.
 func TestMicroVM(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
 	defer cancel()
+	volume := t.TempDir()
+	if err := os.WriteFile(filepath.Join(volume, "hello"), []byte("from-the-volume\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	p := newCRI(t, env.daemon).runPod(ctx, t, "microvm")
 	vm := p.createVMWith(ctx, t, imageKernelAgent, func(cfg *runtimeapi.ContainerConfig) {
 		cfg.Annotations = map[string]string{config.AnnotationMachine: config.MachineMicroVM}
 		cfg.Linux = &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{
 			CpuPeriod: 100000, CpuQuota: 100000, MemoryLimitInBytes: 512 << 20}}
+		cfg.Mounts = []*runtimeapi.Mount{{ContainerPath: "/data", HostPath: volume, Readonly: true}}
 	})
 	if _, err := p.c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: vm.id}); err != nil {
 		t.Fatalf("StartContainer: %v", err)
@@ -46,6 +53,11 @@ func TestMicroVM(t *testing.T) {
 	}
 	if out := vm.mustExec(ctx, t, "sh", "-c", "ls /sys/bus/pci/devices 2>/dev/null | wc -l; ls /sys/bus/virtio/devices | wc -l"); strings.Fields(out)[0] != "0" || strings.Fields(out)[1] == "0" {
 		t.Errorf("pci devices, virtio devices: %q, want none and some", out)
+	}
+	// The volume is a share on virtio-9p-device.
+	mount := "mkdir -p /mnt/data && mount -t 9p -o trans=virtio,version=9p2000.L,ro " + config.ShareTagPrefix + "0 /mnt/data && cat /mnt/data/hello"
+	if out := vm.mustExec(ctx, t, "sh", "-c", mount); out != "from-the-volume\n" {
+		t.Errorf("the volume in the guest: %q", out)
 	}
 
 	// No hot-plug: guest RAM stays, and a CPU resize changes the quota

@@ -263,8 +263,12 @@ build_initrd() {
 	# it has its own list, which init.sh reads only on an EFI boot.
 	add_module "$tree" efivarfs "$root/lib/modules" "$root/lib/modules/efi-order"
 	if [ "$flavour" = agent ]; then
-		# virtio_console drives the virtio-serial port qemu-ga talks on.
-		add_module "$tree" virtio_console "$root/lib/modules" "$root/lib/modules/order"
+		# virtio_console drives the virtio-serial port qemu-ga talks on;
+		# 9pnet_virtio and 9p (with 9pnet, netfs and fscache) let an exec
+		# mount a volume's share.
+		for m in virtio_console 9pnet_virtio 9p; do
+			add_module "$tree" "$m" "$root/lib/modules" "$root/lib/modules/order"
+		done
 		install_elf "$stage" "$root" "$AGENT_BIN"
 		install_elf "$stage" "$root" "$SCRIPT_BIN"
 		# init.sh puts qemu-ga's state directory under /run (/var/run,
