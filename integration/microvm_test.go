@@ -14,8 +14,9 @@ import (
 
 // TestMicroVM runs a kernel image on QEMU's microvm machine through the
 // CRI: the guest boots with no PCI bus, finds its seed disk, NIC, agent
-// port and volume share on virtio-mmio, takes the pod's address, and
-// runs execs; a resize changes only what the machine allows.
+// port and volume share on virtio-mmio, takes the pod's address, serves
+// a port-forward and runs execs; a resize changes only what the machine
+// allows.
 func TestMicroVM(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
 	defer cancel()
@@ -53,6 +54,10 @@ func TestMicroVM(t *testing.T) {
 	}
 	if out := vm.mustExec(ctx, t, "sh", "-c", "ls /sys/bus/pci/devices 2>/dev/null | wc -l; ls /sys/bus/virtio/devices | wc -l"); strings.Fields(out)[0] != "0" || strings.Fields(out)[1] == "0" {
 		t.Errorf("pci devices, virtio devices: %q, want none and some", out)
+	}
+	vm.waitLog(ctx, t, "VMSHIM-HTTP-READY")
+	if body := p.portForward(ctx, t, 8080, "GET / HTTP/1.0\r\n\r\n"); !strings.Contains(body, "VMSHIM-HTTP-OK microvm "+p.ip(ctx, t)) {
+		t.Errorf("port-forward to the guest's :8080: %q", body)
 	}
 	// The volume is a share on virtio-9p-device.
 	mount := "mkdir -p /mnt/data && mount -t 9p -o trans=virtio,version=9p2000.L,ro " + config.ShareTagPrefix + "0 /mnt/data && cat /mnt/data/hello"
