@@ -132,7 +132,11 @@ func resolveMachine(vm *VM, ann annotations, in map[string]string) error {
 	case vm.NICModel != "" && vm.NICModel != NICVirtio:
 		return lacks(vm.NICModel+" NIC", "annotation "+AnnotationNICModel)
 	case vm.DiskDriver != DiskDriverVirtioBlk && vm.DiskDriver != DiskDriverVirtioSCSI:
-		return lacks(vm.DiskDriver+" disk controller", "the disk driver")
+		source := "config disk_driver"
+		if ann.diskDriver != "" {
+			source = "annotation " + AnnotationDiskDriver
+		}
+		return lacks(vm.DiskDriver+" disk controller", source)
 	case ann.maxMemoryBytes > 0:
 		return lacks("virtio-mem to resize guest RAM", "annotation "+AnnotationMaxMemory)
 	case topo && r.Topology.CPUs() > vm.VCPUs:

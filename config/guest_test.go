@@ -103,7 +103,7 @@ func TestResolveMachine(t *testing.T) {
 		{name: "screen", spec: diskSpec(with(AnnotationGraphics, "vnc")), wantErr: "microvm has no display, which annotation vmshim.io/graphics asks for"},
 		{name: "windows", spec: diskSpec(with(AnnotationOS, "windows")), wantErr: "microvm has no devices for Windows"},
 		{name: "nic model", spec: diskSpec(with(AnnotationNICModel, "rtl8139")), wantErr: "microvm has no rtl8139 NIC"},
-		{name: "disk driver", spec: diskSpec(with(AnnotationDiskDriver, "nvme")), wantErr: "microvm has no nvme disk controller"},
+		{name: "disk driver", spec: diskSpec(with(AnnotationDiskDriver, "nvme")), wantErr: "microvm has no nvme disk controller, which annotation vmshim.io/disk-driver asks for"},
 		{name: "max memory", spec: limited(with(AnnotationMaxMemory, "2Gi")), wantErr: "microvm has no virtio-mem to resize guest RAM, which annotation vmshim.io/max-memory asks for"},
 		{name: "topology beyond", spec: limited(with(AnnotationCPUTopology, "sockets=1,cores=8,threads=1")), wantErr: "microvm has no vCPU hot-plug"},
 	} {
