@@ -311,10 +311,9 @@ func (v *VM) connect(ctx context.Context, socket string, logger *log.Entry) (*Pe
 
 // handshake is one attempt of connect.
 func (v *VM) handshake(ctx context.Context, socket string, logger *log.Entry) (*Pending, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", socket)
+	conn, err := dialSocket(ctx, socket)
 	if err != nil {
-		return nil, fmt.Errorf("dial qmp %s: %w", socket, err)
+		return nil, err
 	}
 	query, err := v.open(ctx, conn, logger)
 	if err != nil {

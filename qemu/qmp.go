@@ -116,16 +116,25 @@ type request struct {
 
 // Dial connects to the QMP unix socket at path and negotiates capabilities.
 func Dial(ctx context.Context, path string) (*Client, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", path)
+	conn, err := dialSocket(ctx, path)
 	if err != nil {
-		return nil, fmt.Errorf("dial qmp %s: %w", path, err)
+		return nil, err
 	}
 	c, err := NewClient(ctx, conn)
 	if err != nil {
 		return nil, fmt.Errorf("qmp %s: %w", path, err)
 	}
 	return c, nil
+}
+
+// dialSocket connects to the QMP unix socket at path.
+func dialSocket(ctx context.Context, path string) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("dial qmp %s: %w", path, err)
+	}
+	return conn, nil
 }
 
 // NewClient takes over conn, reads QEMU's greeting and leaves capability
