@@ -6,7 +6,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -167,9 +166,18 @@ func TestReleaseOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	f, err := os.Open(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	id, err := FileIDOf(f)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var readOnly uint64
 	for _, m := range FileMappings(maps) {
-		if st, err := os.Stat(exe); err == nil && m.File.Ino == st.Sys().(*syscall.Stat_t).Ino && !m.Writable() {
+		if m.File == id && !m.Writable() {
 			readOnly += m.End - m.Start
 		}
 	}
