@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/sirupsen/logrus"
@@ -219,8 +220,18 @@ func (n *Network) wire(ctx context.Context, np *nicPlan, pl *Plan) error {
 	var router6 net.IP
 	if len(np.addrs6) > 0 {
 		router6 = eui64LinkLocal(tap.Attrs().HardwareAddr)
-		filters = append(filters, tapFilters6(tap.Attrs().Index, router6)...)
-		linkFs = append(linkFs, linkFilters6(link.Attrs().Index, tap.Attrs().Index)...)
+		// The filters hold the classifiers once added: ours are closed after.
+		var tapProg, linkProg *ebpf.Program
+		if tapProg, err = loadCtl6(tapRules6(router6)); err != nil {
+			return err
+		}
+		defer tapProg.Close()
+		if linkProg, err = loadCtl6(linkRules6(tap.Attrs().Index)); err != nil {
+			return err
+		}
+		defer linkProg.Close()
+		filters = append(filters, tapFilters6(tap.Attrs().Index, router6, tapProg)...)
+		linkFs = append(linkFs, linkFilters6(link.Attrs().Index, tap.Attrs().Index, linkProg)...)
 	}
 	if err := installIngress(n.p, tap, filters); err != nil {
 		return err

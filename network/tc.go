@@ -13,24 +13,27 @@ import (
 )
 
 // Filter priorities on a tap's ingress (frames the guest sends). Lower runs
-// first; the first match decides. Only cls_u32 and act_mirred are used: they
-// are in every kernel that has tc, while gact, flower and matchall may not be.
-// A u32 match without actions ends classification with TC_ACT_OK, which hands
-// the frame to the netns's own stack and nowhere else.
+// first; the first match decides. cls_u32 and act_mirred do most of it:
+// they are in every kernel that has tc, while gact, flower and matchall may
+// not be. A u32 match without actions ends classification with TC_ACT_OK,
+// which hands the frame to the netns's own stack and nowhere else. IPv6
+// control traffic behind extension headers needs cls_bpf (ctl6Program).
 const (
 	prioDHCP      = 1 // UDP to port 67: netns stack only (the responder's packet socket saw it already)
 	prioARPLocal  = 2 // ARP for the tap's link-local address: netns stack only
-	prioIPv6Local = 3 // router discovery, DHCPv6, neighbour discovery of the tap's address: netns stack only
-	prioToNetns   = 4 // destination MAC is the tap's: netns stack only
-	prioBroadcast = 5 // broadcast or multicast: copy to the CNI link, and to the netns stack
-	prioToLink    = 6 // everything else: to the CNI link
+	prioIPv6Local = 3 // router discovery, redirects, DHCPv6, neighbour discovery of the tap's address: netns stack only
+	prioIPv6Ext   = 4 // the same behind IPv6 extension headers: netns stack only; ambiguous chains: dropped
+	prioToNetns   = 5 // destination MAC is the tap's: netns stack only
+	prioBroadcast = 6 // broadcast or multicast: copy to the CNI link, and to the netns stack
+	prioToLink    = 7 // everything else: to the CNI link
 )
 
 // Filter priorities on a CNI link's ingress (frames from the pod network).
 const (
-	prioLinkDHCP = 1 // UDP to port 68: never reaches the guest; its only DHCP server is ours
-	prioLinkIPv6 = 2 // RAs and DHCPv6 replies: netns stack only; neighbour advertisements: both
-	prioLinkToVM = 3 // everything else: to the tap
+	prioLinkDHCP    = 1 // UDP to port 68: never reaches the guest; its only DHCP server is ours
+	prioLinkIPv6    = 2 // RAs, redirects and DHCPv6 replies: netns stack only; neighbour advertisements: both
+	prioLinkIPv6Ext = 3 // the same behind IPv6 extension headers; ambiguous chains: dropped
+	prioLinkToVM    = 4 // everything else: to the tap
 )
 
 // passClass (1:1) is the class a passing u32 match reports; clsact ignores
