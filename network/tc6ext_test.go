@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -296,4 +298,51 @@ func ctl6ModelUpper(frame []byte, off int, next byte, r ctl6Rules) int32 {
 		}
 	}
 	return tcActUnspec
+}
+
+// TestFilters6 checks that both sides match the same control traffic
+// without extension headers (u32) and behind them (the classifier, at
+// the next priority, direct-action).
+func TestFilters6(t *testing.T) {
+	prog := loadTestCtl6(t, tapRules6(testTapLL))
+	for _, tc := range []struct {
+		name      string
+		fs        []netlink.Filter
+		u32, bpf  uint16
+		icmpTypes []uint8
+		ports     []uint16
+	}{
+		{"tap", tapFilters6(7, testTapLL, prog), prioIPv6Local, prioIPv6Ext,
+			[]uint8{icmp6RouterSolicit, icmp6RouterAdvert, icmp6Redirect, icmp6NeighborSolicit}, []uint16{546, 547}},
+		{"link", linkFilters6(3, 7, prog), prioLinkIPv6, prioLinkIPv6Ext,
+			[]uint8{icmp6RouterAdvert, icmp6Redirect, icmp6NeighborAdvert}, []uint16{546}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var icmpTypes []uint8
+			var ports []uint16
+			last := tc.fs[len(tc.fs)-1]
+			for _, f := range tc.fs[:len(tc.fs)-1] {
+				keys := u32Keys(t, f)
+				if f.Attrs().Priority != tc.u32 || f.Attrs().Protocol != unix.ETH_P_IPV6 {
+					t.Errorf("u32 filter attrs %+v", f.Attrs())
+				}
+				switch keys[0].Val >> 8 {
+				case unix.IPPROTO_ICMPV6:
+					icmpTypes = append(icmpTypes, uint8(keys[1].Val>>24))
+				case unix.IPPROTO_UDP:
+					ports = append(ports, uint16(keys[1].Val))
+				}
+			}
+			slices.Sort(icmpTypes)
+			slices.Sort(tc.icmpTypes)
+			slices.Sort(ports)
+			if !slices.Equal(icmpTypes, tc.icmpTypes) || !slices.Equal(ports, tc.ports) {
+				t.Errorf("u32 matches icmpv6 %v and udp %v, want %v and %v", icmpTypes, ports, tc.icmpTypes, tc.ports)
+			}
+			b, ok := last.(*netlink.BpfFilter)
+			if !ok || !b.DirectAction || b.Priority != tc.bpf || b.Protocol != unix.ETH_P_IPV6 || b.Fd != prog.FD() {
+				t.Errorf("last filter %T %+v, want the classifier at priority %d", last, last, tc.bpf)
+			}
+		})
+	}
 }
