@@ -324,6 +324,7 @@ func TestSetupIPv6ForwardingWholeNetns(t *testing.T) {
 	old := haveForceForwarding
 	haveForceForwarding = func() bool { return false }
 	defer func() { haveForceForwarding = old }()
+	e.settle()
 	n := e.setup(ctx)
 	if st := n.State(); st.Forwarding6["all"] != "0" || st.Forwarding6["lo"] != "1" || st.Forwarding6["eth0"] != "0" {
 		t.Errorf("recorded forwarding %v", st.Forwarding6)
@@ -348,6 +349,7 @@ func TestSetupIPv6NewLinksWithout(t *testing.T) {
 	e := newPodEnv(t)
 	e.addLink("eth0", 99, bridgeLike)
 	e.podCmd("sh", "-c", "echo 1 > "+sysctl6("default", "disable_ipv6"))
+	e.settle()
 	n := e.setup(ctx)
 	if l := n.NICs()[0].Lease6; l == nil || !l.IP.Equal(net.ParseIP("fd00:99::5")) {
 		t.Fatalf("lease6 %+v", l)
