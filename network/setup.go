@@ -223,11 +223,11 @@ func (n *Network) wire(ctx context.Context, np *nicPlan, pl *Plan) error {
 		// The filters hold the classifiers once added: ours are closed after.
 		var tapProg, linkProg *ebpf.Program
 		if tapProg, err = loadCtl6(tapRules6(router6)); err != nil {
-			return err
+			return fmt.Errorf("%s: %w", np.tap, err)
 		}
 		defer tapProg.Close()
 		if linkProg, err = loadCtl6(linkRules6(tap.Attrs().Index)); err != nil {
-			return err
+			return fmt.Errorf("%s: %w", name, err)
 		}
 		defer linkProg.Close()
 		filters = append(filters, tapFilters6(tap.Attrs().Index, router6, tapProg)...)

@@ -136,6 +136,7 @@ func commonCases() []ctl6Case {
 		{"ordinary udp behind destination options", pkt6(ip6DestOpts, chain(udp6(5000, 53, []byte("q")), optsHdr(udp, 0))), tcActUnspec},
 		{"ordinary tcp", pkt6(tcp, tcpSeg(80)), tcActUnspec},
 		{"ordinary tcp behind hop-by-hop", pkt6(ip6HopByHop, chain(tcpSeg(80), optsHdr(tcp, 0))), tcActUnspec},
+		{"mld report behind hop-by-hop with router alert", pkt6(ip6HopByHop, chain(icmp6Msg(143, make([]byte, 24)...), []byte{icmp, 0, 5, 2, 0, 0, 1, 0})), tcActUnspec},
 		{"echo request behind destination options", pkt6(ip6DestOpts, chain(icmp6Msg(128, 0, 1, 0, 1), optsHdr(icmp, 0))), tcActUnspec},
 		{"first fragment of ordinary udp", pkt6(ip6Fragment, chain(udp6(5000, 53, make([]byte, 64)), fragHdr(udp, 0, true))), tcActUnspec},
 		{"non-first fragment of ordinary udp", pkt6(ip6Fragment, chain(make([]byte, 64), fragHdr(udp, 9, true))), tcActUnspec},
