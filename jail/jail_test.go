@@ -8,11 +8,14 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vmshim/vmshim/thread"
 )
@@ -313,5 +316,107 @@ func TestReleaseByOwner(t *testing.T) {
 	}
 	if _, err := os.Stat(idFile(dir, theirs)); err != nil {
 		t.Errorf("a release with no owner freed a claim: %v", err)
+	}
+}
+
+// TestJailMountinfo checks that a jailed program's mount namespace holds
+// the jail's mounts and nothing else: its /proc/self/mountinfo names no
+// mount of the host (a marker mounted on the host before the jail is
+// built included), its root is the jail's tmpfs, and a bind's mount
+// shows only the bound directory.
+func TestJailMountinfo(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a jail needs root")
+	}
+	// A mount of the host's whose name must not reach the jail, as
+	// another pod's volume would be.
+	marker := filepath.Join(t.TempDir(), "other-pod-volume")
+	if err := os.Mkdir(marker, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("vmshim-test-other-pod", marker, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(marker, unix.MNT_DETACH) })
+	share := t.TempDir()
+	if err := os.Chmod(share, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(t.TempDir(), "jail")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, sysfs := range []bool{false, true} {
+		j := &Jail{Root: root, UID: 70021, GID: 70021, Sysfs: sysfs,
+			Binds: []Bind{{Target: "/vm/share/0", Source: share, ReadOnly: true}}}
+		// It reads its mountinfo, then waits: its root is looked at
+		// from the host while it runs.
+		cmd := exec.Command("/usr/bin/sh", "-c", "cat /proc/self/mountinfo; echo; read x || true")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		j.Apply(cmd)
+		if err := thread.Fork(cmd, j.Enter); err != nil {
+			t.Fatal(err)
+		}
+		// The jailed shell is in the jail's root, which the host cannot
+		// name: not the host directory Root, as a chroot would be.
+		var st unix.Statfs_t
+		rootLink := fmt.Sprintf("/proc/%d/root", cmd.Process.Pid)
+		if err := unix.Statfs(rootLink, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+			t.Errorf("sysfs %v: the program's root is no tmpfs: type %#x, %v", sysfs, st.Type, err)
+		}
+		if link, _ := os.Readlink(rootLink); link == root {
+			t.Errorf("sysfs %v: the program's root is %s, the host's directory", sysfs, link)
+		}
+		stdin.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("sysfs %v: %v: %s", sysfs, err, out.String())
+		}
+		allowed := map[string]bool{"/": true, "/proc": true, "/vm/share/0": true}
+		for _, d := range systemDirs {
+			allowed[d] = true
+		}
+		if sysfs {
+			allowed["/sys"] = true
+		}
+		seen := map[string]string{}
+		for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			f := strings.Fields(l)
+			if len(f) < 10 {
+				t.Fatalf("sysfs %v: mountinfo line %q", sysfs, l)
+			}
+			// Fields: id parent major:minor root mountpoint options ... - type source
+			mountRoot, point := f[3], f[4]
+			sep := slices.Index(f, "-")
+			fsType, source := f[sep+1], f[sep+2]
+			if !allowed[point] {
+				t.Errorf("sysfs %v: the jail shows a mount at %s: %q", sysfs, point, l)
+			}
+			if strings.Contains(l, "vmshim-test-other-pod") {
+				t.Errorf("sysfs %v: the jail names the host's marker mount: %q", sysfs, l)
+			}
+			seen[point] = fsType + " " + source + " " + mountRoot
+		}
+		if got := seen["/"]; got != "tmpfs vmshim-jail /" {
+			t.Errorf("sysfs %v: the jail's root is %q, want its own tmpfs", sysfs, got)
+		}
+		if got := seen["/vm/share/0"]; !strings.HasSuffix(got, " "+share) && !strings.HasSuffix(got, filepath.Base(share)) {
+			t.Errorf("sysfs %v: the share is %q, want a bind of %s", sysfs, got, share)
+		}
+		for _, p := range []string{"/proc", "/usr"} {
+			if seen[p] == "" {
+				t.Errorf("sysfs %v: no mount at %s in %q", sysfs, p, out.String())
+			}
+		}
+		if _, ok := seen["/sys"]; ok != sysfs {
+			t.Errorf("sysfs %v: /sys mounted: %v", sysfs, ok)
+		}
+		if entries, _ := os.ReadDir(root); len(entries) != 0 {
+			t.Errorf("sysfs %v: jail root on the host holds %v", sysfs, entries)
+		}
 	}
 }
