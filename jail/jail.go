@@ -174,6 +174,11 @@ func pivot(root string) error {
 		return fmt.Errorf("open old root: %w", err)
 	}
 	defer unix.Close(old)
+	// A bind cloned from a shared mount is the host mount's peer: made
+	// private, the host's later mounts below it stay out of the jail.
+	if err := unix.Mount("", root, "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make the jail's mounts private: %w", err)
+	}
 	if err := unix.Chdir(root); err != nil {
 		return err
 	}

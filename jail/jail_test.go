@@ -339,8 +339,14 @@ func TestJailMountinfo(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(marker, unix.MNT_DETACH) })
+	// A volume on a shared mount, as the kubelet's are: the jail's bind
+	// of it must not stay its peer.
 	share := t.TempDir()
-	if err := os.Chmod(share, 0o755); err != nil {
+	if err := unix.Mount("vmshim-test-share", share, "tmpfs", 0, "size=64k,mode=0755"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(share, unix.MNT_DETACH) })
+	if err := unix.Mount("", share, "", unix.MS_SHARED, ""); err != nil {
 		t.Fatal(err)
 	}
 	root := filepath.Join(t.TempDir(), "jail")
@@ -397,6 +403,9 @@ func TestJailMountinfo(t *testing.T) {
 			if !allowed[point] {
 				t.Errorf("sysfs %v: the jail shows a mount at %s: %q", sysfs, point, l)
 			}
+			if tags := strings.Join(f[6:sep], " "); tags != "" {
+				t.Errorf("sysfs %v: the jail's mount at %s propagates (%s): %q", sysfs, point, tags, l)
+			}
 			if strings.Contains(l, "vmshim-test-other-pod") {
 				t.Errorf("sysfs %v: the jail names the host's marker mount: %q", sysfs, l)
 			}
@@ -405,7 +414,7 @@ func TestJailMountinfo(t *testing.T) {
 		if got := seen["/"]; got != "tmpfs vmshim-jail /" {
 			t.Errorf("sysfs %v: the jail's root is %q, want its own tmpfs", sysfs, got)
 		}
-		if got := seen["/vm/share/0"]; !strings.HasSuffix(got, " "+share) && !strings.HasSuffix(got, filepath.Base(share)) {
+		if got := seen["/vm/share/0"]; got != "tmpfs vmshim-test-share /" {
 			t.Errorf("sysfs %v: the share is %q, want a bind of %s", sysfs, got, share)
 		}
 		for _, p := range []string{"/proc", "/usr"} {
