@@ -126,3 +126,19 @@ func TestSecurityJailMounts(t *testing.T) {
 	}
 	assertNothingLeftCRI(t, vm.id, pods[0].id, pods[1].id)
 }
+
+// assertNoIDClaims checks that none of owners (namespace/id) holds a jail
+// id any more: QEMU's and the pause process's are given back.
+func assertNoIDClaims(t *testing.T, owners ...string) {
+	t.Helper()
+	entries, err := os.ReadDir(secIDsDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(secIDsDir, e.Name()))
+		if err == nil && slices.Contains(owners, string(data)) {
+			t.Errorf("%s still holds id %s", data, e.Name())
+		}
+	}
+}
