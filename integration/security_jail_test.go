@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -113,6 +115,14 @@ func TestSecurityJailMounts(t *testing.T) {
 		claim := filepath.Join(secIDsDir, uid)
 		if owner, err := os.ReadFile(claim); err != nil || string(owner) != criNamespace+"/"+p.id {
 			t.Errorf("pod %s: claim %s holds %q (%v), want %s/%s", p.name, claim, owner, err, criNamespace, p.id)
+		}
+		// The attack itself: nobody, in the host's PID namespace, signals it.
+		if out, err := exec.Command("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--",
+			"kill", "-TERM", strconv.Itoa(pid)).CombinedOutput(); err == nil {
+			t.Errorf("pod %s: nobody sent SIGTERM to the pause process: %s", p.name, out)
+		}
+		if err := unix.Kill(pid, 0); err != nil {
+			t.Errorf("pod %s: pause process %d: %v", p.name, pid, err)
 		}
 		t.Logf("pod %s: pause process %d runs as %s", p.name, pid, uid)
 	}
