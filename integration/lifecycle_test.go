@@ -156,7 +156,8 @@ func TestCRIContainerdRestart(t *testing.T) {
 
 // TestCRIShimKilled kills a running VM pod's shim: containerd runs the
 // delete action for each of its tasks, which must stop QEMU and the pause
-// process, give the pod's netns back as CNI left it, and unmount.
+// process, give the pod's netns back as CNI left it, unmount, and give
+// back the jail ids of both.
 func TestCRIShimKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
 	defer cancel()
@@ -188,6 +189,7 @@ func TestCRIShimKilled(t *testing.T) {
 	}
 	p.remove(t)
 	assertNothingLeftCRI(t, vm.id)
+	assertNoIDClaims(t, criNamespace+"/"+vm.id, criNamespace+"/"+p.id)
 	assertNoCNIErrors(t, env.daemon)
 }
 

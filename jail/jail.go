@@ -6,11 +6,14 @@
 // own processes, and the files bound in for it.
 //
 // A jail is entered by a thread.Step on the thread the program is forked
-// from; the program inherits the namespace, the empty capability bounding
-// set and no_new_privs, and Apply makes it chroot into the jail and drop
-// to its ids before it execs. The namespace, and every mount in it, goes
-// away with the last process in it: nothing is left to clean up but the
-// empty Root directory.
+// from: in a new mount namespace the step builds the jail at Root,
+// pivot_roots into it and detaches the host's tree, so that the namespace
+// holds the jail's mounts and nothing else (its /proc/self/mountinfo
+// names no other mount of the node). The program inherits that root, the
+// empty capability bounding set and no_new_privs, and Apply makes it drop
+// to the jail's ids before it execs. The namespace, and every mount in it,
+// goes away with the last process in it: nothing is left to clean up but
+// the empty Root directory.
 package jail
 
 import (
@@ -119,10 +122,11 @@ func underDir(p, dir string) bool {
 }
 
 // Enter is a thread.Step: it moves the calling thread into a new mount
-// namespace in which Root is the jail, empties the thread's capability
-// bounding set and sets no_new_privs. None of that can be undone, so the
-// step reports that the thread cannot go back, and the thread is
-// discarded after the fork.
+// namespace whose root is the jail (pivot_root), empties the thread's
+// capability bounding set and sets no_new_privs. None of that can be
+// undone, so the step reports that the thread cannot go back, and the
+// thread is discarded after the fork. After it the thread sees only the
+// jail: a step that opens host paths must come before it.
 func (j *Jail) Enter() (func() bool, error) {
 	if err := j.Validate(); err != nil {
 		return nil, err
@@ -139,12 +143,15 @@ func (j *Jail) Enter() (func() bool, error) {
 	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 		return back, fmt.Errorf("jail: new mount namespace: %w", err)
 	}
-	// Mounts made here never reach the host; the host's later mounts and
-	// unmounts still reach here.
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+	// Mounts made here never reach the host, nor the host's here; the
+	// detach of the host's tree below stays here too.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return back, fmt.Errorf("jail: make mounts private: %w", err)
 	}
 	if err := j.build(trees); err != nil {
+		return back, fmt.Errorf("jail %s: %w", j.Root, err)
+	}
+	if err := pivot(j.Root); err != nil {
 		return back, fmt.Errorf("jail %s: %w", j.Root, err)
 	}
 	if err := dropBoundingSet(); err != nil {
@@ -154,6 +161,37 @@ func (j *Jail) Enter() (func() bool, error) {
 		return back, fmt.Errorf("jail: set no_new_privs: %w", err)
 	}
 	return back, nil
+}
+
+// pivot makes root, a mount point, the root of the calling thread's mount
+// namespace, and detaches the tree that was the root, with every mount of
+// the host in it, as runc does: pivot_root(".", ".") stacks the old root
+// on the new one, where it is unmounted. Root is read-only by then, so it
+// has no room for a put_old directory.
+func pivot(root string) error {
+	old, err := unix.Open("/", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open old root: %w", err)
+	}
+	defer unix.Close(old)
+	// A bind cloned from a shared mount is the host mount's peer: made
+	// private, the host's later mounts below it stay out of the jail.
+	if err := unix.Mount("", root, "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make the jail's mounts private: %w", err)
+	}
+	if err := unix.Chdir(root); err != nil {
+		return err
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Fchdir(old); err != nil {
+		return fmt.Errorf("enter old root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach old root: %w", err)
+	}
+	return unix.Chdir("/")
 }
 
 // cloneBinds makes a detached mount of each bind's file or source,
@@ -232,7 +270,9 @@ func (j *Jail) build(trees []int) error {
 		if err := os.Mkdir(filepath.Join(j.Root, "sys"), 0o755); err != nil {
 			return err
 		}
-		if err := bindMount("/sys", filepath.Join(j.Root, "sys"), true, true); err != nil {
+		// sysfs alone: the mounts under the host's /sys (cgroups,
+		// debugfs, securityfs) stay out.
+		if err := bindMount("/sys", filepath.Join(j.Root, "sys"), true, false); err != nil {
 			return err
 		}
 	}
@@ -354,14 +394,13 @@ func dropBoundingSet() error {
 	}
 }
 
-// Apply makes cmd, forked from a thread that entered the jail, chroot into
-// it, start in its root and run as the jail's ids. cmd.Path must name the
+// Apply makes cmd, forked from a thread that entered the jail, start in
+// the jail's root and run as the jail's ids. cmd.Path must name the
 // program as the jail shows it (a path under /usr).
 func (j *Jail) Apply(cmd *exec.Cmd) {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
-	cmd.SysProcAttr.Chroot = j.Root
 	cmd.SysProcAttr.Credential = &syscall.Credential{Uid: j.UID, Gid: j.GID, Groups: append([]uint32{}, j.Groups...)}
 	cmd.Dir = "/"
 }

@@ -8,11 +8,14 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vmshim/vmshim/thread"
 )
@@ -172,7 +175,7 @@ func TestJailedProgram(t *testing.T) {
 			{Target: "/vm/share/0", Source: share, ReadOnly: true},
 		},
 	}
-	script := `ls -A /; echo; ls -A /dev; echo; id -u; id -g; id -G; cat /vm/share/0/hello; ls /proc | grep -c '^[0-9]'; ls /proc/sys 2>&1
+	script := `ls -A /; echo; ls -A /dev; echo; id -u; id -g; id -G; cat /vm/share/0/hello; set -- /proc/[0-9]*; echo $#; ls /proc/sys 2>&1
 touch /x 2>/dev/null && echo ROOT-WRITABLE; touch /vm/share/0/x 2>/dev/null && echo SHARE-WRITABLE
 cat /vm/kernel 2>&1; ls /etc 2>&1 | head -1`
 	cmd := exec.Command("/usr/bin/sh", "-c", script)
@@ -205,8 +208,9 @@ cat /vm/kernel 2>&1; ls /etc 2>&1 | head -1`
 	}
 	rest := strings.Split(strings.TrimSpace(parts[2]), "\n")
 	wantRest := []string{"70001", "70002", "70002 70003", "shared",
-		// Its /proc holds its own processes (sh, ls, grep) and no more.
-		"3", "ls: cannot access '/proc/sys': No such file or directory",
+		// Its /proc holds its own processes (the shell alone, as it
+		// expands the glob) and no more.
+		"1", "ls: cannot access '/proc/sys': No such file or directory",
 		// The kernel file is root's, 0600: bound by its descriptor, the
 		// jailed user still cannot read it.
 		"cat: /vm/kernel: Permission denied", "ls: cannot access '/etc': No such file or directory"}
@@ -313,5 +317,116 @@ func TestReleaseByOwner(t *testing.T) {
 	}
 	if _, err := os.Stat(idFile(dir, theirs)); err != nil {
 		t.Errorf("a release with no owner freed a claim: %v", err)
+	}
+}
+
+// TestJailMountinfo checks that a jailed program's mount namespace holds
+// the jail's mounts and nothing else: its /proc/self/mountinfo names no
+// mount of the host (a marker mounted on the host before the jail is
+// built included), its root is the jail's tmpfs, and a bind's mount
+// shows only the bound directory.
+func TestJailMountinfo(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a jail needs root")
+	}
+	// A mount of the host's whose name must not reach the jail, as
+	// another pod's volume would be.
+	marker := filepath.Join(t.TempDir(), "other-pod-volume")
+	if err := os.Mkdir(marker, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("vmshim-test-other-pod", marker, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(marker, unix.MNT_DETACH) })
+	// A volume on a shared mount, as the kubelet's are: the jail's bind
+	// of it must not stay its peer.
+	share := t.TempDir()
+	if err := unix.Mount("vmshim-test-share", share, "tmpfs", 0, "size=64k,mode=0755"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(share, unix.MNT_DETACH) })
+	if err := unix.Mount("", share, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(t.TempDir(), "jail")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, sysfs := range []bool{false, true} {
+		j := &Jail{Root: root, UID: 70021, GID: 70021, Sysfs: sysfs,
+			Binds: []Bind{{Target: "/vm/share/0", Source: share, ReadOnly: true}}}
+		// It reads its mountinfo, then waits: its root is looked at
+		// from the host while it runs.
+		cmd := exec.Command("/usr/bin/sh", "-c", "cat /proc/self/mountinfo; echo; read x || true")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		j.Apply(cmd)
+		if err := thread.Fork(cmd, j.Enter); err != nil {
+			t.Fatal(err)
+		}
+		// The jailed shell is in the jail's root, which the host cannot
+		// name: not the host directory Root, as a chroot would be.
+		var st unix.Statfs_t
+		rootLink := fmt.Sprintf("/proc/%d/root", cmd.Process.Pid)
+		if err := unix.Statfs(rootLink, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+			t.Errorf("sysfs %v: the program's root is no tmpfs: type %#x, %v", sysfs, st.Type, err)
+		}
+		if link, _ := os.Readlink(rootLink); link == root {
+			t.Errorf("sysfs %v: the program's root is %s, the host's directory", sysfs, link)
+		}
+		stdin.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("sysfs %v: %v: %s", sysfs, err, out.String())
+		}
+		allowed := map[string]bool{"/": true, "/proc": true, "/vm/share/0": true}
+		for _, d := range systemDirs {
+			allowed[d] = true
+		}
+		if sysfs {
+			allowed["/sys"] = true
+		}
+		seen := map[string]string{}
+		for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			f := strings.Fields(l)
+			if len(f) < 10 {
+				t.Fatalf("sysfs %v: mountinfo line %q", sysfs, l)
+			}
+			// Fields: id parent major:minor root mountpoint options ... - type source
+			mountRoot, point := f[3], f[4]
+			sep := slices.Index(f, "-")
+			fsType, source := f[sep+1], f[sep+2]
+			if !allowed[point] {
+				t.Errorf("sysfs %v: the jail shows a mount at %s: %q", sysfs, point, l)
+			}
+			if tags := strings.Join(f[6:sep], " "); tags != "" {
+				t.Errorf("sysfs %v: the jail's mount at %s propagates (%s): %q", sysfs, point, tags, l)
+			}
+			if strings.Contains(l, "vmshim-test-other-pod") {
+				t.Errorf("sysfs %v: the jail names the host's marker mount: %q", sysfs, l)
+			}
+			seen[point] = fsType + " " + source + " " + mountRoot
+		}
+		if got := seen["/"]; got != "tmpfs vmshim-jail /" {
+			t.Errorf("sysfs %v: the jail's root is %q, want its own tmpfs", sysfs, got)
+		}
+		if got := seen["/vm/share/0"]; got != "tmpfs vmshim-test-share /" {
+			t.Errorf("sysfs %v: the share is %q, want a bind of %s", sysfs, got, share)
+		}
+		for _, p := range []string{"/proc", "/usr"} {
+			if seen[p] == "" {
+				t.Errorf("sysfs %v: no mount at %s in %q", sysfs, p, out.String())
+			}
+		}
+		if _, ok := seen["/sys"]; ok != sysfs {
+			t.Errorf("sysfs %v: /sys mounted: %v", sysfs, ok)
+		}
+		if entries, _ := os.ReadDir(root); len(entries) != 0 {
+			t.Errorf("sysfs %v: jail root on the host holds %v", sysfs, entries)
+		}
 	}
 }

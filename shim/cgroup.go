@@ -366,10 +366,11 @@ func (c *v1Cgroup) Add(pid int) error {
 
 // Start starts cmd inside the cgroup, so that everything the process
 // allocates, from its first page, is charged here. v1 places threads, not
-// processes: the forking thread joins the cgroup, after the steps, and goes
-// back to its own cgroups once the child is started (see thread.Fork).
+// processes: the forking thread joins the cgroup, before the steps (a
+// jail's leaves it no view of /sys/fs/cgroup), and goes back to its own
+// cgroups once the child is started (see thread.Fork).
 func (c *v1Cgroup) Start(cmd *exec.Cmd, steps ...thread.Step) error {
-	return thread.Fork(cmd, append(steps, c.join)...)
+	return thread.Fork(cmd, append([]thread.Step{c.join}, steps...)...)
 }
 
 // join is the thread.Step that moves the calling thread into the cgroup.

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"github.com/vmshim/vmshim/pause"
 	"github.com/vmshim/vmshim/thread"
 
 	"context"
@@ -109,14 +110,19 @@ func (c *scopeCgroup) Start(cmd *exec.Cmd, steps ...thread.Step) error {
 	return nil
 }
 
+// placeholderID is the uid and gid a scope's placeholder waits as:
+// nobody's. It holds no namespace; one killed lets systemd drop the scope
+// once the task's process is gone too.
+const placeholderID = 65534
+
 // startPlaceholder starts a process that waits, with no privileges, until
 // it is told to end: a pause process (pauseBinary).
 func startPlaceholder() (*exec.Cmd, error) {
-	pause, err := pauseBinary()
+	prog, err := pauseBinary()
 	if err != nil {
 		return nil, err
 	}
-	cmd := &exec.Cmd{Path: pause, Args: []string{PauseName, "scope-placeholder"}, Dir: "/"}
+	cmd := &exec.Cmd{Path: prog, Args: []string{PauseName, "scope-placeholder"}, Env: pause.Env(placeholderID), Dir: "/"}
 	return cmd, cmd.Start()
 }
 

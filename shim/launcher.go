@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/vmshim/vmshim/config"
+	"github.com/vmshim/vmshim/jail"
 	"github.com/vmshim/vmshim/network"
 	"github.com/vmshim/vmshim/oom"
 	"github.com/vmshim/vmshim/qemu"
@@ -63,10 +64,10 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 	if err != nil {
 		return nil, err
 	}
-	if isSandbox(spec) {
-		return l.launchSandbox(ctx, r, spec)
-	}
 	ns, _ := namespaces.Namespace(ctx)
+	if isSandbox(spec) {
+		return l.launchSandbox(ctx, r, spec, cfg.JailIDRange(), ns+"/"+r.ID)
+	}
 	c := &launch{launcher: l, r: r, cfg: cfg, spec: spec, ns: ns, logger: log.G(ctx).WithField("id", r.ID)}
 	defer func() {
 		c.closeFiles()
@@ -122,14 +123,15 @@ func (l *qemuLauncher) accel(ctx context.Context, mode, binary string) (qemu.Acc
 	return a, nil
 }
 
-// launchSandbox starts a pod sandbox's pause process and writes the pod's
-// state, which its VM container's Create reads, into its bundle.
-func (l *qemuLauncher) launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec) (VM, error) {
+// launchSandbox starts a pod sandbox's pause process, as an id of ids
+// claimed for owner, and writes the pod's state, which its VM
+// container's Create reads, into its bundle.
+func (l *qemuLauncher) launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec, ids jail.IDRange, owner string) (VM, error) {
 	nsPath, _ := specNetns(spec)
 	if err := writePodState(r.Bundle, podState{}); err != nil {
 		return nil, err
 	}
-	return launchSandbox(ctx, r, spec, nsPath)
+	return launchSandbox(ctx, r, spec, nsPath, ids, owner)
 }
 
 // idsDir holds the node-wide claims on jail ids (see jail.Claim); on a

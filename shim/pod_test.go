@@ -13,13 +13,15 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/vmshim/vmshim/pause"
 )
 
 // TestMain lets the test binary stand in for a pause process: run as
 // PauseName, it is one.
 func TestMain(m *testing.M) {
 	if filepath.Base(os.Args[0]) == PauseName {
-		os.Exit(RunPause(os.Args[1:]))
+		os.Exit(pause.Run(os.Args[1:]))
 	}
 	os.Exit(m.Run())
 }
@@ -120,7 +122,7 @@ func TestClaimPodRace(t *testing.T) {
 // maps to the path it names, and only when both are the same namespace.
 func TestPodNetns(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("a pause process drops to nobody, which needs root")
+		t.Skip("a pause process drops to an id of its own, which needs root")
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -131,7 +133,7 @@ func TestPodNetns(t *testing.T) {
 		{own, own},
 		{"/dev/null", ""}, // not its namespace: the /proc path stays
 	} {
-		cmd := &exec.Cmd{Path: self, Args: []string{PauseName, tc.named}}
+		cmd := &exec.Cmd{Path: self, Args: []string{PauseName, tc.named}, Env: pause.Env(70031)}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}

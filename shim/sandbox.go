@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"syscall"
 	"time"
@@ -18,13 +17,16 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/vmshim/vmshim/jail"
+	"github.com/vmshim/vmshim/pause"
 	"github.com/vmshim/vmshim/qemu"
 )
 
 // PauseName is argv[0] of a pod sandbox's process, and the name of the
 // program it runs: vmshim-pause, installed next to the shim, or the shim
-// binary itself run under that name where there is none.
-const PauseName = "vmshim-pause"
+// binary itself run under that name where there is none (see package
+// pause).
+const PauseName = pause.Name
 
 // pauseBinary is the program a pod sandbox's process runs: vmshim-pause
 // next to the shim's executable, which costs a fraction of the shim's
@@ -46,41 +48,6 @@ func isSandbox(spec *specs.Spec) bool {
 	return spec.Annotations[containerTypeAnnotation] == "sandbox"
 }
 
-// RunPause is the body of a sandbox's process when the shim binary runs
-// as one (see pauseBinary; cmd/vmshim-pause does the same): it drops every privilege
-// and waits for SIGTERM or SIGINT. The shim starts it in the pod's network
-// namespace; args[0] names that namespace, for ps.
-func RunPause(args []string) int {
-	// It needs no privilege to wait: it drops every one.
-	if err := dropToNobody(); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: drop privileges: %v\n", PauseName, err)
-		return 1
-	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, unix.SIGTERM, unix.SIGINT)
-	<-sig
-	return 0
-}
-
-// pauseID is the uid and gid a pause process waits as: nobody's.
-const pauseID = 65534
-
-// dropToNobody makes the process nobody's, with no groups and no
-// capabilities left (the kernel clears them when root's ids go), and sets
-// no_new_privs on the calling (main) thread.
-func dropToNobody() error {
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return err
-	}
-	if err := syscall.Setgroups(nil); err != nil {
-		return err
-	}
-	if err := syscall.Setresgid(pauseID, pauseID, pauseID); err != nil {
-		return err
-	}
-	return syscall.Setresuid(pauseID, pauseID, pauseID)
-}
-
 // sandboxVM stands in for a pod's sandbox container: no VM, only a pause
 // process in the pod's network namespace, which CRI points the pod's
 // containers at. The namespace itself belongs to the CRI.
@@ -96,9 +63,11 @@ type sandboxVM struct {
 }
 
 // launchSandbox starts the pause process of a pod sandbox in the network
-// namespace at nsPath ("" for the host's).
-func launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec, nsPath string) (_ *sandboxVM, retErr error) {
-	pause, err := pauseBinary()
+// namespace at nsPath ("" for the host's), as an id of ids claimed for
+// owner: a jail id, as a VM's QEMU has, so that no other process on the
+// node shares it and may signal it.
+func launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec, nsPath string, ids jail.IDRange, owner string) (_ *sandboxVM, retErr error) {
+	pauseProg, err := pauseBinary()
 	if err != nil {
 		return nil, err
 	}
@@ -110,11 +79,21 @@ func launchSandbox(ctx context.Context, r *CreateRequest, spec *specs.Spec, nsPa
 			}
 		}
 	}()
+	if err := rec.push(madeJailID, func(r *record) { r.JailOwner = owner }); err != nil {
+		return nil, err
+	}
+	id, err := jail.Claim(idsDir, ids, owner)
+	if err != nil {
+		return nil, fmt.Errorf("config jail_ids: %w", err)
+	}
+	// Saved by the next push; until then, release finds the claim by its
+	// owner.
+	rec.JailID = id
 	limits := &cgroupLimits{}
 	if err := limits.create(ctx, spec, rec); err != nil {
 		return nil, err
 	}
-	cmd := &exec.Cmd{Path: pause, Args: []string{PauseName, nsPath}, Dir: "/"}
+	cmd := &exec.Cmd{Path: pauseProg, Args: []string{PauseName, nsPath}, Env: pause.Env(id), Dir: "/"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// Forked from a thread in the pod's netns, every thread of the pause
 	// process is there from its start: /proc/PID/ns/net, through which

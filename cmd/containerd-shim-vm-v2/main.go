@@ -10,6 +10,7 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/shim"
 
+	"github.com/vmshim/vmshim/pause"
 	vmshim "github.com/vmshim/vmshim/shim"
 )
 
@@ -21,8 +22,8 @@ func init() {
 }
 
 func main() {
-	if filepath.Base(os.Args[0]) == vmshim.PauseName {
-		os.Exit(vmshim.RunPause(os.Args[1:]))
+	if filepath.Base(os.Args[0]) == pause.Name {
+		os.Exit(pause.Run(os.Args[1:]))
 	}
 	vmshim.Register()
 	shim.RunShim(context.Background(), vmshim.NewManager(vmshim.RuntimeName), func(c *shim.Config) {
