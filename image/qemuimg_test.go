@@ -95,19 +95,19 @@ func qemuImgModes(t *testing.T) []struct {
 // jail's ids. A shell stands in for qemu-img (the jail shows only /usr,
 // so no test script can run there) and reports, with builtins only (the
 // filter lets it exec nothing), its limits as ulimit reads them (CPU
-// seconds, address space KiB, core blocks), then its uid, seccomp mode
-// and no_new_privs from /proc/self/status.
+// seconds, address space KiB, core blocks, open files), then its uid,
+// seccomp mode and no_new_privs from /proc/self/status.
 func TestQEMUImgLimits(t *testing.T) {
 	sh := needProgram(t, "sh")
 	if !jail.Shows(sh) {
 		t.Skipf("%s is outside /usr", sh)
 	}
-	limits := []string{strconv.Itoa(int(QEMUImgCPUTime.Seconds())), strconv.Itoa(QEMUImgAddressSpace >> 10), "0"}
+	limits := []string{strconv.Itoa(int(QEMUImgCPUTime.Seconds())), strconv.Itoa(QEMUImgAddressSpace >> 10), "0", "1024"}
 	for _, m := range qemuImgModes(t) {
 		t.Run(m.name, func(t *testing.T) {
 			q := m.q(t)
 			q.Path = sh
-			res, err := q.run(context.Background(), nil, nil, "-c", "ulimit -t; ulimit -v; ulimit -c; ulimit -H -t; ulimit -H -v; ulimit -H -c; "+
+			res, err := q.run(context.Background(), nil, nil, "-c", "ulimit -t; ulimit -v; ulimit -c; ulimit -n; ulimit -H -t; ulimit -H -v; ulimit -H -c; ulimit -H -n; "+
 				"while read -r k v rest; do case $k in Uid:|Seccomp:|NoNewPrivs:) echo $v;; esac; done </proc/self/status")
 			if err != nil || res.code != 0 {
 				t.Fatalf("run() = %+v, %v", res, err)

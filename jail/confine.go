@@ -24,13 +24,16 @@ import (
 // it, so the runner is always the shim that asked for it.
 const RunnerName = "vmshim-confined"
 
+// maxOpenFiles is the most files a confined program may have open.
+const maxOpenFiles = 1024
+
 // runnerWait bounds how long a started runner may take to hand over its
 // filter's listener and ask to exec: it is the shim's own code, which
 // does that at once.
 const runnerWait = 30 * time.Second
 
 func init() {
-	if filepath.Base(os.Args[0]) == RunnerName {
+	if len(os.Args) > 0 && filepath.Base(os.Args[0]) == RunnerName {
 		// Before anything else the binary would do: the filter goes on
 		// this thread, which then execs the program.
 		runtime.LockOSThread()
@@ -48,7 +51,8 @@ type Limits struct {
 //
 // The program runs in a PID namespace of its own, of which it is process
 // 1 (anything it forks dies with it), in a new, empty network namespace,
-// with no_new_privs, without core dumps, under Limits and under a seccomp
+// with no_new_privs, without core dumps, with at most maxOpenFiles open
+// files, under Limits and under a seccomp
 // filter (see filter) that lets one execve through: the runner's, of the
 // program. The filter hands execve and execveat to the shim
 // (SECCOMP_RET_USER_NOTIF); Started lets the first through and closes the
@@ -302,6 +306,17 @@ func confineSelf(cpu, as string, fd int) (uint64, error) {
 	}
 	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
 		return 0, fmt.Errorf("runner: no core dumps: %w", err)
+	}
+	// Go raised the soft limit on open files for the runner; the program
+	// gets a modest one, hard too.
+	var nofile unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &nofile); err != nil {
+		return 0, fmt.Errorf("runner: open files limit: %w", err)
+	}
+	nofile.Max = min(nofile.Max, maxOpenFiles)
+	nofile.Cur = nofile.Max
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &nofile); err != nil {
+		return 0, fmt.Errorf("runner: limit open files: %w", err)
 	}
 	listener, err := installFilter()
 	if err != nil {
