@@ -86,6 +86,9 @@ func Confine(cmd *exec.Cmd, lim Limits) (*Confinement, error) {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
+	// Clone flags rather than thread steps (thread.NewNetns): the child
+	// gets its namespaces as it is made, and no thread of the shim is
+	// moved, or has to be moved back.
 	cmd.SysProcAttr.Cloneflags |= unix.CLONE_NEWPID | unix.CLONE_NEWNET
 	return c, nil
 }
