@@ -3,5 +3,6 @@
 // and prepares the qcow2 overlay the VM boots from, so the image layer is
 // never written. The overlay and the seed live in a files directory the
 // package makes itself; qemu-img, which reads the untrusted image, runs
-// jailed and under limits.
+// jailed, confined (seccomp, its own network and PID namespaces, the VM's
+// cgroup) and under limits.
 package image

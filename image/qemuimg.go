@@ -36,17 +36,23 @@ const (
 	QEMUImgAddressSpace = 1 << 30
 )
 
-// QEMUImg runs qemu-img for the shim, under QEMUImgCPUTime and
-// QEMUImgAddressSpace (through util-linux's prlimit, Prlimit), and, with a
-// Jail, inside it: as the VM's unprivileged ids, with no capabilities, in
-// a mount namespace that holds only /usr and the files of the call.
+// QEMUImg runs qemu-img for the shim, confined (see jail.Confine): under
+// QEMUImgCPUTime and QEMUImgAddressSpace, under a seccomp filter that
+// denies exec, id changes and every socket but AF_UNIX, in an empty
+// network namespace and a PID namespace of its own (nothing it forks
+// outlives it), in the VM's cgroup once Start is set, and, with a Jail,
+// inside it: as the VM's unprivileged ids, with no capabilities, in a
+// mount namespace that holds only /usr and the files of the call.
 type QEMUImg struct {
 	// CPUTime replaces QEMUImgCPUTime for a run that copies a whole disk
 	// Inspect accepted; 0 keeps it.
 	CPUTime time.Duration
 	Path    string     // qemu-img, an absolute path (under /usr with a Jail)
-	Prlimit string     // prlimit, an absolute path (under /usr with a Jail)
 	Jail    *jail.Jail // nil runs qemu-img as the shim's user, in its mount namespace
+	// Start starts a qemu-img run's process, forked from a thread the
+	// steps moved first: into the VM's cgroup (see thread.Fork); nil
+	// starts it in the shim's.
+	Start func(cmd *exec.Cmd, steps ...thread.Step) error
 
 	stdout io.Writer // also gets qemu-img's stdout as it comes (progress), when set
 }
@@ -79,7 +85,7 @@ func (q QEMUImg) run(ctx context.Context, files []imgFile, groups []uint32, args
 	if q.CPUTime > 0 {
 		cpu = q.CPUTime
 	}
-	argv := []string{"--cpu=" + strconv.Itoa(int(cpu/time.Second)), "--as=" + strconv.Itoa(QEMUImgAddressSpace), "--core=0", "--", q.Path}
+	argv := []string{q.Path}
 	var binds []jail.Bind
 	var extra []*os.File
 	paths := map[string]string{}
@@ -109,7 +115,8 @@ func (q QEMUImg) run(ctx context.Context, files []imgFile, groups []uint32, args
 		}
 		argv = append(argv, a)
 	}
-	cmd := exec.CommandContext(ctx, q.Prlimit, argv...)
+	cmd := exec.CommandContext(ctx, q.Path)
+	cmd.Args = argv
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if q.stdout != nil {
 		cmd.Stdout = io.MultiWriter(&stdout, q.stdout)
@@ -117,18 +124,18 @@ func (q QEMUImg) run(ctx context.Context, files []imgFile, groups []uint32, args
 	cmd.WaitDelay = 5 * time.Second
 	cmd.ExtraFiles = extra
 	log.G(ctx).WithField("args", args).Debug("running qemu-img")
-	var err error
+	var steps []thread.Step
 	if q.Jail != nil {
 		j := *q.Jail
 		j.Binds = append(append([]jail.Bind(nil), j.Binds...), binds...)
 		j.Devices = append(append([]jail.Device(nil), j.Devices...), devices...)
 		j.Groups = append(append([]uint32(nil), j.Groups...), groups...)
 		j.Apply(cmd)
-		if err = thread.Fork(cmd, j.Enter); err == nil {
-			err = cmd.Wait()
-		}
-	} else {
-		err = cmd.Run()
+		steps = append(steps, j.Enter)
+	}
+	err := q.start(ctx, cmd, cpu, steps)
+	if err == nil {
+		err = cmd.Wait()
 	}
 	res := result{stdout: stdout.Bytes(), stderr: stderr.String()}
 	for _, f := range files {
@@ -149,6 +156,30 @@ func (q QEMUImg) run(ctx context.Context, files []imgFile, groups []uint32, args
 		return res, preconditionf("run %s %s: %v", q.Path, args[0], err)
 	}
 	return res, nil
+}
+
+// start starts cmd confined, forked after steps, and lets it exec
+// qemu-img; on error nothing of the run is left.
+func (q QEMUImg) start(ctx context.Context, cmd *exec.Cmd, cpu time.Duration, steps []thread.Step) error {
+	c, err := jail.Confine(cmd, jail.Limits{CPU: cpu, AddressSpace: QEMUImgAddressSpace})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if q.Start != nil {
+		err = q.Start(cmd, steps...)
+	} else {
+		err = thread.Fork(cmd, steps...)
+	}
+	if err != nil {
+		return err
+	}
+	if err := c.Started(ctx, cmd.Process.Pid); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return err
+	}
+	return nil
 }
 
 // message condenses qemu-img's stderr to one line naming files inside root

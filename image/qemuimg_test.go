@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 
@@ -30,24 +31,33 @@ const (
 	testGroup  = 2000001
 )
 
-// hostQEMUImg runs the host's qemu-img under prlimit, unjailed.
+// hostQEMUImg runs the host's qemu-img confined, unjailed; confinement
+// makes namespaces, which needs root.
 func hostQEMUImg(t *testing.T) QEMUImg {
 	t.Helper()
-	return QEMUImg{Path: needQEMUImg(t), Prlimit: needProgram(t, "prlimit")}
+	needRoot(t)
+	return QEMUImg{Path: needQEMUImg(t)}
 }
 
-// jailedQEMUImg runs the host's qemu-img under prlimit in a jail of the
-// test ids, as the shim does; it needs root.
+// needRoot skips a test that runs anything confined, unless it runs as
+// root.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("confinement makes namespaces, which needs root")
+	}
+}
+
+// jailedQEMUImg runs the host's qemu-img confined in a jail of the test
+// ids, as the shim does; it needs root.
 func jailedQEMUImg(t *testing.T) QEMUImg {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("a jail needs root")
 	}
 	q := hostQEMUImg(t)
-	for _, p := range []string{q.Path, q.Prlimit} {
-		if !jail.Shows(p) {
-			t.Skipf("%s is outside /usr, which is all a jail shows", p)
-		}
+	if !jail.Shows(q.Path) {
+		t.Skipf("%s is outside /usr, which is all a jail shows", q.Path)
 	}
 	q.Jail = &jail.Jail{Root: filepath.Join(t.TempDir(), "jail"), UID: testJailID, GID: testJailID}
 	if err := os.Mkdir(q.Jail.Root, 0o700); err != nil {
@@ -81,21 +91,24 @@ func qemuImgModes(t *testing.T) []struct {
 }
 
 // TestQEMUImgLimits checks the program run as qemu-img runs under the
-// limits, and, jailed, as the jail's ids. A shell stands in for qemu-img
-// (the jail shows only /usr, so no test script can run there) and reports
-// its limits as ulimit reads them: CPU seconds, address space KiB, core
-// blocks.
+// limits and the seccomp filter, with no_new_privs, and, jailed, as the
+// jail's ids. A shell stands in for qemu-img (the jail shows only /usr,
+// so no test script can run there) and reports, with builtins only (the
+// filter lets it exec nothing), its limits as ulimit reads them (CPU
+// seconds, address space KiB, core blocks, open files), then its uid,
+// seccomp mode and no_new_privs from /proc/self/status.
 func TestQEMUImgLimits(t *testing.T) {
 	sh := needProgram(t, "sh")
 	if !jail.Shows(sh) {
 		t.Skipf("%s is outside /usr", sh)
 	}
-	limits := []string{strconv.Itoa(int(QEMUImgCPUTime.Seconds())), strconv.Itoa(QEMUImgAddressSpace >> 10), "0"}
+	limits := []string{strconv.Itoa(int(QEMUImgCPUTime.Seconds())), strconv.Itoa(QEMUImgAddressSpace >> 10), "0", "1024"}
 	for _, m := range qemuImgModes(t) {
 		t.Run(m.name, func(t *testing.T) {
 			q := m.q(t)
 			q.Path = sh
-			res, err := q.run(context.Background(), nil, nil, "-c", "ulimit -t; ulimit -v; ulimit -c; ulimit -H -t; ulimit -H -v; ulimit -H -c; id -u")
+			res, err := q.run(context.Background(), nil, nil, "-c", "ulimit -t; ulimit -v; ulimit -c; ulimit -n; ulimit -H -t; ulimit -H -v; ulimit -H -c; ulimit -H -n; "+
+				"while read -r k v rest; do case $k in Uid:|Seccomp:|NoNewPrivs:) echo $v;; esac; done </proc/self/status")
 			if err != nil || res.code != 0 {
 				t.Fatalf("run() = %+v, %v", res, err)
 			}
@@ -103,27 +116,27 @@ func TestQEMUImgLimits(t *testing.T) {
 			if q.Jail != nil {
 				uid = testJailID
 			}
-			want := append(append(append([]string(nil), limits...), limits...), strconv.Itoa(uid))
+			want := append(append(append([]string(nil), limits...), limits...), strconv.Itoa(uid), "1", "2")
 			if got := strings.Fields(string(res.stdout)); !reflect.DeepEqual(got, want) {
-				t.Errorf("soft limits, hard limits, uid = %q, want %q", got, want)
+				t.Errorf("soft limits, hard limits, uid, no_new_privs, seccomp = %q, want %q", got, want)
 			}
 		})
 	}
 }
 
-// TestQEMUImgArgv checks what prlimit is asked to run: the limits, then
-// "--" so that nothing after it reads as prlimit's option, qemu-img and
-// its arguments, with the disk passed open as an inherited fd.
+// TestQEMUImgArgv checks what qemu-img is run with: its arguments, with
+// the disk passed open as an inherited fd.
 func TestQEMUImgArgv(t *testing.T) {
+	needRoot(t)
 	dir := t.TempDir()
 	argsFile := filepath.Join(dir, "args")
-	fake := filepath.Join(dir, "prlimit")
-	script := "#!/bin/sh\nprintf '%s\\n' \"$@\" > " + argsFile + "\nexit 1\n"
+	fake := filepath.Join(dir, "qemu-img")
+	script := "#!/bin/sh\nprintf '%s\\n' \"$0\" \"$@\" > " + argsFile + "\nexit 1\n"
 	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	b := qcow2Boot(t)
-	q := QEMUImg{Path: "/usr/bin/qemu-img", Prlimit: fake}
+	q := QEMUImg{Path: fake}
 	if _, err := Inspect(context.Background(), q, b, Limits{}); err == nil {
 		t.Fatal("Inspect() with a failing qemu-img succeeded")
 	}
@@ -131,47 +144,42 @@ func TestQEMUImgArgv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"--cpu=30", "--as=1073741824", "--core=0", "--", "/usr/bin/qemu-img", "info", "--output=json", "-f", "qcow2", "/dev/fd/3"}
+	want := []string{fake, "info", "--output=json", "-f", "qcow2", "/dev/fd/3"}
 	if got := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n"); !reflect.DeepEqual(got, want) {
-		t.Errorf("prlimit argv = %q, want %q", got, want)
+		t.Errorf("qemu-img argv = %q, want %q", got, want)
 	}
 }
 
 // TestQEMUImgKilled checks a qemu-img killed by a signal, as the kernel
-// kills one past its CPU limit (SIGXCPU, then SIGKILL), fails the call
-// with a message that says so. The real limit takes 30s of CPU to hit;
-// the fake qemu-img signals itself.
+// kills one past its CPU limit, fails the call with a message that says
+// so. The fake qemu-img spins past a CPU limit of 1s: it is process 1 of
+// its PID namespace, which no signal from inside that namespace kills.
 func TestQEMUImgKilled(t *testing.T) {
-	q := QEMUImg{Prlimit: needProgram(t, "prlimit")}
-	for _, sig := range []string{"XCPU", "KILL", "SEGV"} {
-		t.Run(sig, func(t *testing.T) {
-			dir := t.TempDir()
-			q.Path = filepath.Join(dir, "qemu-img")
-			script := "#!/bin/sh\necho 'qemu-img: spinning' >&2\nkill -" + sig + " $$\n"
-			if err := os.WriteFile(q.Path, []byte(script), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			b := qcow2Boot(t)
-			_, err := Inspect(context.Background(), q, b, Limits{})
-			want := "disk /disk/vm.qcow2: qemu-img info was killed ("
-			if err == nil || !strings.HasPrefix(err.Error(), want) || !errdefs.IsFailedPrecondition(err) {
-				t.Fatalf("Inspect() error = %v, want failed precondition %q...", err, want)
-			}
-			if !strings.Contains(err.Error(), "it may use 30s of CPU and 1Gi of address space: spinning") {
-				t.Errorf("Inspect() error = %q, want the limits and qemu-img's message", err)
-			}
-
-			f, err := os.Create(filepath.Join(dir, "overlay.qcow2"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			err = CreateOverlay(context.Background(), q, f, FormatQCOW2, 1<<20, 0)
-			want = "overlay " + f.Name() + ": qemu-img create was killed ("
-			if err == nil || !strings.HasPrefix(err.Error(), want) || !errdefs.IsFailedPrecondition(err) {
-				t.Fatalf("CreateOverlay() error = %v, want failed precondition %q...", err, want)
-			}
-		})
+	needRoot(t)
+	dir := t.TempDir()
+	q := QEMUImg{Path: filepath.Join(dir, "qemu-img"), CPUTime: time.Second}
+	script := "#!/bin/sh\necho 'qemu-img: spinning' >&2\nkill -KILL $$\nwhile :; do :; done\n"
+	if err := os.WriteFile(q.Path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := qcow2Boot(t)
+	_, err := Inspect(context.Background(), q, b, Limits{})
+	want := "disk /disk/vm.qcow2: qemu-img info was killed ("
+	if err == nil || !strings.HasPrefix(err.Error(), want) || !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("Inspect() error = %v, want failed precondition %q...", err, want)
+	}
+	if !strings.Contains(err.Error(), "it may use 1s of CPU and 1Gi of address space: spinning") {
+		t.Errorf("Inspect() error = %q, want the limits and qemu-img's message", err)
+	}
+	f, err := os.Create(filepath.Join(dir, "overlay.qcow2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	err = CreateOverlay(context.Background(), q, f, FormatQCOW2, 1<<20, 0)
+	want = "overlay " + f.Name() + ": qemu-img create was killed ("
+	if err == nil || !strings.HasPrefix(err.Error(), want) || !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("CreateOverlay() error = %v, want failed precondition %q...", err, want)
 	}
 }
 

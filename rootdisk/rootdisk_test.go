@@ -24,23 +24,23 @@ func init() {
 
 const testJailID = 2000010
 
-// qemuImg runs the host's qemu-img as the shim does: jailed when the
-// test runs as root, else under prlimit only.
+// qemuImg runs the host's qemu-img as the shim does: confined, which
+// needs root, and jailed when it is under /usr.
 func qemuImg(t *testing.T) image.QEMUImg {
 	t.Helper()
 	var q image.QEMUImg
-	for _, p := range []*string{&q.Path, &q.Prlimit} {
-		name := map[*string]string{&q.Path: "qemu-img", &q.Prlimit: "prlimit"}[p]
-		path, err := exec.LookPath(name)
-		if err == nil {
-			path, err = filepath.EvalSymlinks(path)
-		}
-		if err != nil {
-			t.Skipf("%s is not installed", name)
-		}
-		*p = path
+	path, err := exec.LookPath("qemu-img")
+	if err == nil {
+		path, err = filepath.EvalSymlinks(path)
 	}
-	if os.Geteuid() == 0 && jail.Shows(q.Path) && jail.Shows(q.Prlimit) {
+	if err != nil {
+		t.Skip("qemu-img is not installed")
+	}
+	q.Path = path
+	if os.Geteuid() != 0 {
+		t.Skip("qemu-img runs confined, which needs root")
+	}
+	if jail.Shows(q.Path) {
 		q.Jail = &jail.Jail{Root: filepath.Join(t.TempDir(), "jail"), UID: testJailID, GID: testJailID}
 		if err := os.Mkdir(q.Jail.Root, 0o700); err != nil {
 			t.Fatal(err)

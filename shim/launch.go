@@ -137,10 +137,7 @@ func (c *launch) resolve(ctx context.Context) error {
 	if c.binary, err = program("config qemu_binary", c.cfg.QEMUBinary); err != nil {
 		return err
 	}
-	if c.img.Path, err = program("config qemu_img", c.cfg.QEMUImg); err != nil {
-		return err
-	}
-	c.img.Prlimit, err = program("util-linux", "prlimit")
+	c.img.Path, err = program("config qemu_img", c.cfg.QEMUImg)
 	return err
 }
 
@@ -395,10 +392,17 @@ func (c *launch) seed(context.Context) error {
 	return nil
 }
 
-// cgroup makes the VM's cgroup, sized guest RAM plus overhead.
+// cgroup makes the VM's cgroup, sized guest RAM plus overhead. It comes
+// before the disks: qemu-img, which reads the untrusted image, runs in
+// it too, so what a crafted image makes it allocate is charged to the
+// VM, under the VM's limit.
 func (c *launch) cgroup(ctx context.Context) error {
 	c.limits = &cgroupLimits{guest: int64(c.desc.MemoryMiB) << 20, overhead: c.cfg.MemoryOverheadBytes(), memLimit: specMemoryLimit(c.spec)}
-	return c.limits.create(ctx, c.spec, c.rec)
+	if err := c.limits.create(ctx, c.spec, c.rec); err != nil {
+		return err
+	}
+	c.img.Start = c.limits.start
+	return nil
 }
 
 // accel chooses the accelerator (once per shim), which the jail needs to

@@ -91,7 +91,7 @@ var undoers = map[string]func(context.Context, *record) error{
 	madeRuntimeDir: func(_ context.Context, r *record) error { return os.RemoveAll(r.RuntimeDir) },
 	madeVMFiles:    func(_ context.Context, r *record) error { return image.RemoveFilesDir(r.VMFiles) },
 	madePod:        func(_ context.Context, r *record) error { return releasePod(r.Pod, r.ID) },
-	madeJailID:     func(_ context.Context, r *record) error { return jail.Release(idsDir, r.JailID, r.JailOwner) },
+	madeJailID:     releaseJailID,
 	madeRootfs:     func(_ context.Context, r *record) error { return unmountRootfs(r.Rootfs) },
 }
 
@@ -287,4 +287,14 @@ func processState(pid int) (byte, error) {
 		return 0, err
 	}
 	return f[0][0], nil
+}
+
+// releaseJailID gives back the task's jail id once no process runs with
+// it: whatever a jailed program left behind (QEMU's or qemu-img's
+// children, should a namespace not have taken them) is killed first, so
+// that the VM that gets the id next inherits nothing.
+func releaseJailID(ctx context.Context, r *record) error {
+	return jail.ReleaseEmpty(idsDir, r.JailID, r.JailOwner, func(id uint32, pids []int) {
+		log.G(ctx).WithFields(log.Fields{"id": r.ID, "jail_id": id, "pids": pids}).Warn("killed processes left with the vm's jail id")
+	})
 }
