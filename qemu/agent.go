@@ -291,6 +291,9 @@ func (a *Agent) transportErr(ctx context.Context, err error) error {
 	if closed {
 		return ErrAgentClosed
 	}
+	if errdefs.IsUnavailable(err) {
+		return err
+	}
 	return fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
 }
 
@@ -404,7 +407,8 @@ var (
 	errDelimiter = errors.New("unexpected delimiter byte")
 	errNotObject = errors.New("not a json object")
 	errTooLarge  = errors.New("object too large")
-	errSkipLimit = fmt.Errorf("more than %d bytes before the agent's answer to the sync", maxAgentSkip)
+	// errSkipLimit is classed itself, so that it crosses ttrpc as one line.
+	errSkipLimit = fmt.Errorf("more than %d bytes before the agent's answer to the sync: %w", maxAgentSkip, errdefs.ErrUnavailable)
 )
 
 // skipPast discards what br holds up to and including the next delim and

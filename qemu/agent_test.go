@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 )
 
 // staleOutput is what the fake agent sends before answering a sync: noise,
@@ -574,6 +575,10 @@ func TestAgentPortFloods(t *testing.T) {
 			runtime.ReadMemStats(&after)
 			if err == nil || ctx.Err() != nil || !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "more than 1048576 bytes") {
 				t.Fatalf("Ping = %v, want unavailable after %d bytes", err, maxAgentSkip)
+			}
+			// As the task service's caller sees it, through ttrpc: one line.
+			if msg := errgrpc.ToNative(errgrpc.ToGRPC(err)).Error(); strings.Contains(msg, "\n") {
+				t.Errorf("the error crosses ttrpc as more than one line: %q", msg)
 			}
 			a.mu.Lock()
 			kept := a.conn != nil
