@@ -13,6 +13,8 @@ import (
 
 	securejoin "github.com/cyphar/filepath-securejoin"
 	"golang.org/x/sys/unix"
+
+	"github.com/vmshim/vmshim/regfile"
 )
 
 // Disk formats Find pins; QEMU is always told the format, never left to probe it.
@@ -232,27 +234,19 @@ func resolveFile(root, what, rel string) (string, *os.File, error) {
 		return "", nil, fmt.Errorf("%s %s: %w", what, rel, err)
 	}
 	defer dir.Close()
-	fd, err := unix.Openat2(int(dir.Fd()), strings.TrimPrefix(rel, "/"), &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+	f, err := regfile.Openat(int(dir.Fd()), strings.TrimPrefix(rel, "/"), regfile.Options{
+		Flags:   os.O_RDONLY,
 		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+		Follow:  true,
 	})
-	if errors.Is(err, unix.ENOENT) {
+	var nr *regfile.NotRegularError
+	switch {
+	case errors.Is(err, unix.ENOENT):
 		return "", nil, notFoundf("%s %s: points to %s, which is not in the image", what, rel, relTo(root, p))
-	}
-	if err != nil {
+	case errors.As(err, &nr):
+		return "", nil, invalidf("%s %s: %v", what, rel, nr)
+	case err != nil:
 		return "", nil, fmt.Errorf("%s %s: %w", what, rel, err)
-	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return "", nil, fmt.Errorf("%s %s: %w", what, rel, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return "", nil, invalidf("%s %s: not a regular file (%s)", what, rel, fileKind(modeOf(st.Mode)))
-	}
-	f, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDONLY|unix.O_NOCTTY, 0)
-	if err != nil {
-		return "", nil, fmt.Errorf("%s %s: %w", what, rel, pathErr(err))
 	}
 	return p, f, nil
 }

@@ -9,16 +9,21 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+	"unsafe"
 
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"golang.org/x/sys/unix"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // TestSecurityHostileRootfs runs images whose rootfs tries to make the
@@ -266,4 +271,253 @@ func secHashTree(t *testing.T, dir string) string {
 	}
 	sort.Strings(lines)
 	return strings.Join(lines, "\n")
+}
+
+// maxShimGrowth is how much a hostile input may grow the pod's shim, in
+// KiB: a bound on what the shim keeps, far below what keeping the input
+// would cost, and above what the Go runtime may map on its own.
+const maxShimGrowth = 16 << 10
+
+// TestSecurityAgentFlood has a guest replace qemu-ga with `cat /dev/zero`
+// on the agent's port, as a guest that wants to grow the shim would. The
+// execs that follow fail, one line each, and the shim's resident memory
+// stays within maxShimGrowth of what it was before: the shim skips what
+// the port carries without keeping it, and drops the connection past
+// 1 MiB of it.
+func TestSecurityAgentFlood(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*bootTimeout)
+	defer cancel()
+	p, vm := runAgentVM(ctx, t, "agentflood")
+	shim := podShim(t, p)
+	vm.mustExec(ctx, t, "true")
+	idle := vmRSS(t, shim)
+	// In the background, so that this exec ends before qemu-ga does.
+	vm.mustExec(ctx, t, "sh", "-c", "(sleep 2; kill $(pidof qemu-ga); sleep 1; "+
+		"exec cat /dev/zero >/dev/virtio-ports/org.qemu.guest_agent.0) </dev/null >/dev/null 2>&1 &")
+	// Execs fail at first because the port is closed (no agent), then
+	// because of what it carries: count the second kind.
+	const flood = "more than 1048576 bytes before the agent's answer"
+	failed := 0
+	for try := 0; failed < 4 && try < 60; try++ {
+		r, err := vm.execSync(ctx, t, 30, "true")
+		switch {
+		case err != nil:
+			t.Logf("exec under the flood: %v", err)
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error of more than one line: %q", err)
+			}
+			if strings.Contains(err.Error(), flood) {
+				failed++
+			} else {
+				time.Sleep(time.Second)
+			}
+		case r.ExitCode == 0:
+			time.Sleep(time.Second) // the flood has not begun yet
+		default:
+			t.Logf("exec under the flood: exit %d, stderr %q", r.ExitCode, r.Stderr)
+			time.Sleep(time.Second)
+		}
+	}
+	if failed == 0 {
+		t.Fatalf("no exec failed with %q: the flood never reached the shim", flood)
+	}
+	flooded := vmRSS(t, shim)
+	t.Logf("shim %d: VmRSS %d KiB idle, %d KiB after %d execs under the flood", shim, idle, flooded, failed)
+	if flooded-idle > maxShimGrowth {
+		t.Errorf("the shim grew by %d KiB under the flood, more than %d", flooded-idle, maxShimGrowth)
+	}
+	p.remove(t)
+	assertNothingLeftCRI(t, vm.id)
+}
+
+// TestSecurityHostnameFile gives a CRI container an /etc/hostname mount
+// whose source is a 4 GiB sparse file, and one that is a fifo: the shim
+// used to read the first whole (8.4 GB of RSS) and to hang on the second.
+// Each create fails at once in one line naming the file, and the pod's
+// shim does not grow.
+func TestSecurityHostnameFile(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
+	defer cancel()
+	c := newCRI(t, env.daemon)
+	dir := filepath.Join(env.daemon.dir, "volumes", "hostname")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sparse, fifo := filepath.Join(dir, "sparse"), filepath.Join(dir, "fifo")
+	if err := os.WriteFile(sparse, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(sparse, 4<<30); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Remove(fifo)
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, src, want string }{
+		{"sparse", sparse, "more than 4096 bytes"},
+		{"fifo", fifo, "not a regular file (fifo)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := c.runPod(ctx, t, "hostname-"+tc.name)
+			shim := podShim(t, p)
+			before := vmRSS(t, shim)
+			vm := p.createVMWith(ctx, t, imageKernelWait, func(cfg *runtimeapi.ContainerConfig) {
+				cfg.Mounts = []*runtimeapi.Mount{{ContainerPath: "/etc/hostname", HostPath: tc.src, Readonly: true}}
+			})
+			_, err := c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: vm.id})
+			switch {
+			case err == nil:
+				t.Errorf("a VM started with %s as its /etc/hostname", tc.name)
+			case strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "/etc/hostname mount: read "+tc.src+": "+tc.want):
+				t.Errorf("want one line naming %s: %s, got:\n%v", tc.src, tc.want, err)
+			default:
+				t.Logf("refused: %v", err)
+			}
+			after := vmRSS(t, shim)
+			t.Logf("shim %d: VmRSS %d KiB before, %d KiB after", shim, before, after)
+			if after-before > maxShimGrowth {
+				t.Errorf("the shim grew by %d KiB, more than %d", after-before, maxShimGrowth)
+			}
+			c.runtime.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: vm.id})
+			p.remove(t)
+			assertNothingLeftCRI(t, vm.id)
+		})
+	}
+}
+
+// TestSecurityPlantedRootDiskNames plants a device node (/dev/null's 1:3)
+// on a root-disk volume at each name the shim opens there, as another pod
+// sharing the volume could: vmshim-root.lock, the disk, its record (beside
+// a disk, which is when the record is read) and the UEFI variables (with
+// firmware uefi). The create fails in one line naming the file, and
+// inotify on the volume sees no open of the node.
+func TestSecurityPlantedRootDiskNames(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
+	defer cancel()
+	c := newCRI(t, env.daemon)
+	for _, tc := range []struct {
+		name, image string
+		ann         map[string]string
+		withDisk    bool
+	}{
+		{name: "vmshim-root.lock", image: imageDiskWait},
+		{name: "vmshim-root.qcow2", image: imageDiskWait},
+		{name: "vmshim-root.json", image: imageDiskWait, withDisk: true},
+		{name: "vmshim-efivars.fd", image: imageDiskUEFI, ann: map[string]string{annotationFirmware: "uefi"}, withDisk: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vol := filepath.Join(env.daemon.dir, "volumes", "planted-"+strings.TrimPrefix(tc.name, "vmshim-"))
+			_ = os.RemoveAll(vol)
+			if err := os.MkdirAll(vol, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			defer os.RemoveAll(vol)
+			if tc.withDisk {
+				disk := filepath.Join(vol, "vmshim-root.qcow2")
+				if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", disk, "64M").CombinedOutput(); err != nil {
+					t.Fatalf("qemu-img create: %v: %s", err, out)
+				}
+			}
+			node := filepath.Join(vol, tc.name)
+			if err := unix.Mknod(node, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+				t.Fatal(err)
+			}
+			opens := watchOpens(t, vol)
+			ann := map[string]string{annotationRootDiskVolume: "/data"}
+			for k, v := range tc.ann {
+				ann[k] = v
+			}
+			p := c.runPod(ctx, t, "planted")
+			vm := p.createVMWith(ctx, t, tc.image, func(cfg *runtimeapi.ContainerConfig) {
+				cfg.Annotations = ann
+				cfg.Mounts = []*runtimeapi.Mount{{ContainerPath: "/data", HostPath: vol}}
+			})
+			_, err := c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: vm.id})
+			want := "root disk volume /data: open " + tc.name + ": not a regular file (character device)"
+			switch {
+			case err == nil:
+				t.Errorf("a VM started with a device node as %s", tc.name)
+			case strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), want):
+				t.Errorf("want one line with %q, got:\n%v", want, err)
+			default:
+				t.Logf("refused: %v", err)
+			}
+			for _, o := range opens() {
+				if o == tc.name {
+					t.Errorf("the device node planted as %s was opened", tc.name)
+				}
+			}
+			if fi, err := os.Lstat(node); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+				t.Errorf("the planted node is gone or replaced: %v %v", fi, err)
+			}
+			c.runtime.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: vm.id})
+			p.remove(t)
+			assertNothingLeftCRI(t, vm.id)
+		})
+	}
+}
+
+// podShim is the pid of the pod's shim.
+func podShim(t *testing.T, p *pod) int {
+	t.Helper()
+	pid, err := pidOf("containerd-shim-vm-v2 -namespace " + criNamespace + " -id " + p.id + " ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// vmRSS is a process's resident memory, in KiB.
+func vmRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				t.Fatalf("VmRSS %q: %v", v, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("/proc/%d/status has no VmRSS", pid)
+	return 0
+}
+
+// watchOpens returns what reports the names in dir that were opened
+// (inotify IN_OPEN) since it was called, by any process; an O_PATH
+// descriptor is no open.
+func watchOpens(t *testing.T, dir string) func() []string {
+	t.Helper()
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_OPEN); err != nil {
+		t.Fatal(err)
+	}
+	return func() []string {
+		var opened []string
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := unix.Read(fd, buf)
+			if errors.Is(err, unix.EAGAIN) {
+				return opened
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for off := 0; off+unix.SizeofInotifyEvent <= n; {
+				ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+				name := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
+				opened = append(opened, strings.TrimRight(string(name), "\x00"))
+				off += unix.SizeofInotifyEvent + int(ev.Len)
+			}
+		}
+	}
 }

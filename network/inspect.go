@@ -15,6 +15,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/vmshim/vmshim/regfile"
 )
 
 // leaseTime is how long the guest may keep its address between renewals.
@@ -283,20 +285,22 @@ func isDefault(dst *net.IPNet) bool {
 
 // readResolvConf returns the IPv4 and the IPv6 name servers and the
 // search list of the resolv.conf at path; none when path is empty or the
-// file is missing.
+// file is missing. The path is the spec's mount source: the file must be a
+// regular file of at most maxResolvConf bytes, checked through an O_PATH
+// descriptor (its last component not followed) before it is opened, and
+// read non-blocking.
 func readResolvConf(path string) (dns, dns6 []net.IP, search []string, err error) {
 	if path == "" {
 		return nil, nil, nil, nil
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil, nil, nil
-		}
-		return nil, nil, nil, fmt.Errorf("read resolv.conf %s: %w", path, err)
+	data, err := regfile.ReadFile(path, maxResolvConf)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil, nil, nil
 	}
-	defer f.Close()
-	dns, dns6, search, err = parseResolvConf(io.LimitReader(f, maxResolvConf))
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("resolv.conf: %w", err)
+	}
+	dns, dns6, search, err = parseResolvConf(bytes.NewReader(data))
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("read resolv.conf %s: %w", path, err)
 	}

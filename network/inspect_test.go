@@ -74,6 +74,26 @@ func TestReadResolvConf(t *testing.T) {
 	if _, _, _, err := readResolvConf(t.TempDir()); err == nil {
 		t.Error("a directory as resolv.conf should fail")
 	}
+	// A fifo would hang the create, a huge file would be read whole:
+	// each fails in one line naming the file, never opened or read past
+	// maxResolvConf.
+	dir := t.TempDir()
+	fifo, huge := filepath.Join(dir, "fifo"), filepath.Join(dir, "huge")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(huge, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(huge, 4<<30); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]string{fifo: "not a regular file (fifo)", huge: "more than 65536 bytes"} {
+		_, _, _, err := readResolvConf(p)
+		if err == nil || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("readResolvConf(%s) = %v, want one line with %q", p, err, want)
+		}
+	}
 }
 
 func TestPickLinkLocal(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -31,6 +32,17 @@ const agentDelimiter = 0xFF
 // maxAgentReply bounds one reply; guest-exec-status carries up to 16 MiB of
 // output per stream, base64-encoded.
 const maxAgentReply = 64 << 20
+
+// maxAgentSkip bounds what a call reads and throws away while it looks for
+// the answer to its sync: output of calls given up on, or whatever a guest
+// writes to the port in place of an agent. Past it the call fails and the
+// connection is dropped (the next call dials again). What is skipped is
+// never kept: the skip costs the reader's buffer, not memory per byte.
+const maxAgentSkip = 1 << 20
+
+// maxSyncReply bounds the answer to a sync, {"return": N} with N < 2^53;
+// a longer object is not that answer.
+const maxSyncReply = 256
 
 // GuestCommand is a program for the guest agent to run.
 type GuestCommand struct {
@@ -279,6 +291,9 @@ func (a *Agent) transportErr(ctx context.Context, err error) error {
 	if closed {
 		return ErrAgentClosed
 	}
+	if errdefs.IsUnavailable(err) {
+		return err
+	}
 	return fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
 }
 
@@ -310,7 +325,10 @@ func (a *Agent) roundTrip(ctx context.Context, conn net.Conn, br *bufio.Reader, 
 	if _, err := conn.Write(append(req, '\n')); err != nil {
 		return nil, fmt.Errorf("write: %w", err)
 	}
-	raw, err := readObject(br)
+	raw, _, err := readObject(br, maxAgentReply, nil)
+	if errors.Is(err, errTooLarge) {
+		return nil, fmt.Errorf("read reply: more than %d bytes", maxAgentReply)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("read reply: %w", err)
 	}
@@ -330,7 +348,8 @@ func (a *Agent) roundTrip(ctx context.Context, conn net.Conn, br *bufio.Reader, 
 // resync resets the agent's parser and discards everything it sends until
 // it answers a guest-sync-delimited with a fresh id: output of earlier
 // requests (perhaps written before the guest had an agent, or abandoned by
-// a caller) arrives first.
+// a caller) arrives first. It skips at most maxAgentSkip bytes, keeping
+// none of them.
 func resync(conn net.Conn, br *bufio.Reader) error {
 	id := rand.Int64N(1 << 53) // exact in any JSON implementation
 	msg, err := json.Marshal(agentRequest{Execute: "guest-sync-delimited", Arguments: map[string]int64{"id": id}})
@@ -340,24 +359,44 @@ func resync(conn net.Conn, br *bufio.Reader) error {
 	if _, err := conn.Write(append(append([]byte{agentDelimiter}, msg...), '\n')); err != nil {
 		return fmt.Errorf("write sync: %w", err)
 	}
+	if err := awaitSync(br, id); err != nil {
+		return fmt.Errorf("read sync: %w", err)
+	}
+	return nil
+}
+
+// awaitSync reads br until the answer to the sync with id, {"return": id}
+// after a delimiter, keeping nothing else it reads; it fails past
+// maxAgentSkip bytes.
+func awaitSync(br *bufio.Reader, id int64) error {
+	skipped, seek := 0, true // seek: the next object must follow a delimiter
+	scratch := make([]byte, 0, maxSyncReply)
+	digits := strconv.AppendInt(nil, id, 10)
+	var r struct {
+		Return *int64 `json:"return"`
+	}
 	for {
-		if _, err := br.ReadBytes(agentDelimiter); err != nil {
-			return fmt.Errorf("read sync: %w", err)
+		if skipped > maxAgentSkip {
+			return errSkipLimit
 		}
-		raw, err := readObject(br)
-		for errors.Is(err, errDelimiter) {
-			raw, err = readObject(br)
+		if seek {
+			n, err := skipPast(br, agentDelimiter, maxAgentSkip-skipped)
+			skipped += n
+			if err != nil {
+				return err
+			}
 		}
-		if errors.Is(err, errNotObject) {
+		raw, n, err := readObject(br, maxSyncReply, scratch[:0])
+		skipped += n
+		seek = !errors.Is(err, errDelimiter)
+		switch {
+		case errors.Is(err, errDelimiter), errors.Is(err, errNotObject), errors.Is(err, errTooLarge):
 			continue
+		case err != nil:
+			return err
 		}
-		if err != nil {
-			return fmt.Errorf("read sync: %w", err)
-		}
-		var r struct {
-			Return *int64 `json:"return"`
-		}
-		if json.Unmarshal(raw, &r) == nil && r.Return != nil && *r.Return == id {
+		r.Return = nil
+		if bytes.Contains(raw, digits) && json.Unmarshal(raw, &r) == nil && r.Return != nil && *r.Return == id {
 			return nil
 		}
 		// A stale reply: ours follows the next delimiter.
@@ -367,36 +406,66 @@ func resync(conn net.Conn, br *bufio.Reader) error {
 var (
 	errDelimiter = errors.New("unexpected delimiter byte")
 	errNotObject = errors.New("not a json object")
+	errTooLarge  = errors.New("object too large")
+	// errSkipLimit is classed itself, so that it crosses ttrpc as one line.
+	errSkipLimit = fmt.Errorf("more than %d bytes before the agent's answer to the sync: %w", maxAgentSkip, errdefs.ErrUnavailable)
 )
 
-// readObject reads one JSON object from br, byte by byte so that nothing
-// after it is consumed. Leading whitespace is skipped; errDelimiter reports
-// a delimiter byte (consumed) and errNotObject any other byte that cannot
-// start or continue an object.
-func readObject(br *bufio.Reader) ([]byte, error) {
-	var buf bytes.Buffer
-	depth, inString, escaped := 0, false, false
+// skipPast discards what br holds up to and including the next delim and
+// returns how many bytes it read. It keeps nothing it reads, and fails once
+// it has read limit bytes without finding delim.
+func skipPast(br *bufio.Reader, delim byte, limit int) (int, error) {
+	n := 0
 	for {
+		b, err := br.ReadSlice(delim)
+		n += len(b)
+		switch {
+		case err == nil:
+			return n, nil
+		case !errors.Is(err, bufio.ErrBufferFull):
+			return n, err
+		case n >= limit:
+			return n, errSkipLimit
+		}
+	}
+}
+
+// readObject reads one JSON object from br, byte by byte so that nothing
+// after it is consumed, and returns it (appended to buf, which may be nil)
+// with the count of bytes consumed.
+// Leading whitespace is skipped; errDelimiter reports a delimiter byte
+// (consumed), errNotObject any other byte that cannot start or continue an
+// object, and errTooLarge an object (with the whitespace before it) of
+// more than limit bytes, of which limit were consumed.
+func readObject(br *bufio.Reader, limit int, buf []byte) ([]byte, int, error) {
+	buf = buf[:0]
+	depth, inString, escaped := 0, false, false
+	for n := 0; ; n++ {
+		if n >= limit {
+			return nil, n, errTooLarge
+		}
 		b, err := br.ReadByte()
 		if err != nil {
-			return nil, err
+			return nil, n, err
 		}
 		if b == agentDelimiter {
-			return nil, errDelimiter
+			return nil, n + 1, errDelimiter
 		}
-		if buf.Len() == 0 {
+		if len(buf) == 0 {
 			switch b {
 			case ' ', '\t', '\r', '\n':
 				continue
 			case '{':
 			default:
-				return nil, errNotObject
+				return nil, n + 1, errNotObject
 			}
 		}
-		if buf.Len() >= maxAgentReply {
-			return nil, fmt.Errorf("reply larger than %d bytes", maxAgentReply)
+		if len(buf) == cap(buf) {
+			// Grow by doubling, never past max: a reply near the bound
+			// costs max bytes, not twice that.
+			buf = append(make([]byte, 0, min(max(2*cap(buf), 512), limit)), buf...)
 		}
-		buf.WriteByte(b)
+		buf = append(buf, b)
 		switch {
 		case escaped:
 			escaped = false
@@ -410,7 +479,7 @@ func readObject(br *bufio.Reader) ([]byte, error) {
 		case b == '}' || b == ']':
 			depth--
 			if depth == 0 {
-				return buf.Bytes(), nil
+				return buf, n + 1, nil
 			}
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -199,14 +200,31 @@ func FuzzAgentReadObject(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		src := bytes.NewReader(data)
 		br := bufio.NewReader(src)
-		raw, err := readObject(br)
+		raw, n, err := readObject(br, maxAgentReply, nil)
 		body := bytes.TrimLeft(data, " \t\r\n")
+		if consumed := len(data) - src.Len() - br.Buffered(); consumed != n {
+			t.Fatalf("readObject(%q) consumed %d bytes, says %d", data, consumed, n)
+		}
 		if err == nil {
 			if !bytes.HasPrefix(body, raw) || len(raw) < 2 || raw[0] != '{' || bytes.IndexByte(raw, agentDelimiter) >= 0 {
 				t.Fatalf("readObject(%q) = %q", data, raw)
 			}
-			if consumed := len(data) - src.Len() - br.Buffered(); consumed != len(data)-len(body)+len(raw) {
-				t.Fatalf("readObject(%q) consumed %d bytes for %q", data, consumed, raw)
+			if n != len(data)-len(body)+len(raw) {
+				t.Fatalf("readObject(%q) consumed %d bytes for %q", data, n, raw)
+			}
+		}
+		// Under a smaller bound, the same object or errTooLarge having
+		// consumed no more than the bound.
+		if max := len(data) / 2; max > 0 {
+			br := bufio.NewReader(bytes.NewReader(data))
+			sraw, sn, serr := readObject(br, max, nil)
+			switch {
+			case errors.Is(serr, errTooLarge):
+				if sn != max {
+					t.Fatalf("readObject(%q, %d) consumed %d bytes past its bound", data, max, sn)
+				}
+			case serr == nil && (err != nil || !bytes.Equal(sraw, raw)), serr != nil && err == nil:
+				t.Fatalf("readObject(%q, %d) = %q, %v; without the bound %q, %v", data, max, sraw, serr, raw, err)
 			}
 		}
 		if len(body) == 0 || body[0] != '{' {
@@ -221,4 +239,76 @@ func FuzzAgentReadObject(f *testing.F) {
 			t.Fatalf("readObject(%q) = %q, %v; encoding/json reads the object %q", data, raw, err, obj)
 		}
 	})
+}
+
+// agentSyncSeeds are FuzzAgentSync inputs: what the port carries before
+// the answer to a sync.
+func agentSyncSeeds() []string {
+	return []string{
+		"", "\x00\x00\x00", staleOutput, "\xff{\"return\": 12}\n", "\xff{\"a\": \"", "\xff{\"return\": 42", "\xff{]", "\xff\xff  \xff[",
+		"\xff{\"s\": \"" + strings.Repeat("x", 2*maxSyncReply) + "\"}", "\xff" + strings.Repeat(" ", 2*maxSyncReply),
+		"\xff{\"return\": 42}", "\xff\xff{\"return\": 42}",
+	}
+}
+
+// FuzzAgentSync plays a port that carries fuzzed bytes, then the answer
+// to the sync: awaitSync must find an answer that comes within its bound
+// of skipped bytes (the fuzzed bytes may hold one, or be cut anywhere) and
+// read nothing past it; more than the bound fails with errSkipLimit having
+// read no more than the bound, a reader's buffer and one sync answer.
+func FuzzAgentSync(f *testing.F) {
+	for _, s := range agentSyncSeeds() {
+		f.Add([]byte(s), uint32(0))
+	}
+	f.Add([]byte("\x00"), uint32(maxAgentSkip+1))
+	f.Add([]byte("\xff{\"a\": 1}"), uint32(maxAgentSkip))
+	f.Fuzz(func(t *testing.T, junk []byte, pad uint32) {
+		const id = 42
+		pad %= 2 * maxAgentSkip
+		answer := []byte("\xff{\"return\": 42}")
+		stream := io.MultiReader(bytes.NewReader(junk), io.LimitReader(zeros{}, int64(pad)), bytes.NewReader(answer))
+		total := len(junk) + int(pad) + len(answer)
+		cr := &countingReader{r: stream}
+		br := bufio.NewReader(cr)
+		err := awaitSync(br, id)
+		consumed := cr.n - br.Buffered()
+		const slack = 4096 + maxSyncReply
+		switch {
+		case err == nil:
+			if consumed > total {
+				t.Fatalf("read %d bytes of %d", consumed, total)
+			}
+		case errors.Is(err, errSkipLimit):
+			if total <= maxAgentSkip {
+				t.Fatalf("gave up on %d bytes, under the bound", total)
+			}
+			if consumed > maxAgentSkip+slack {
+				t.Fatalf("read %d bytes before giving up", consumed)
+			}
+		default:
+			if total <= maxAgentSkip {
+				t.Fatalf("awaitSync(%q + %d zeros) = %v", junk, pad, err)
+			}
+		}
+	})
+}
+
+// zeros is an endless stream of zero bytes, as from /dev/zero.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// countingReader counts what is read through it.
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
 }

@@ -11,12 +11,15 @@ import (
 	"net"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 )
 
 // staleOutput is what the fake agent sends before answering a sync: noise,
@@ -524,11 +527,71 @@ func TestReadObject(t *testing.T) {
 		{"\n\xff", "", errDelimiter},
 		{"[1]", "", errNotObject},
 		{`{"a": `, "", io.EOF},
+		{`{"a": "` + strings.Repeat("x", 100) + `"}`, "", errTooLarge},
+		{strings.Repeat(" ", 100) + "{}", "", errTooLarge},
 	}
 	for _, tt := range tests {
-		got, err := readObject(bufio.NewReader(strings.NewReader(tt.in)))
+		got, _, err := readObject(bufio.NewReader(strings.NewReader(tt.in)), 64, nil)
 		if !errors.Is(err, tt.wantErr) || string(got) != tt.want {
 			t.Errorf("readObject(%q) = %q, %v; want %q, %v", tt.in, got, err, tt.want, tt.wantErr)
 		}
+	}
+}
+
+// TestAgentPortFloods: a guest that writes zeros (or anything but the
+// sync's answer) to the agent port without end makes a call fail once
+// maxAgentSkip bytes have been skipped, keeping none of them; the
+// connection is dropped, and the next call dials again.
+func TestAgentPortFloods(t *testing.T) {
+	for name, junk := range map[string][]byte{
+		"zeros":         make([]byte, 64<<10),
+		"delimiters":    bytes.Repeat([]byte{agentDelimiter}, 64<<10),
+		"open objects":  bytes.Repeat([]byte("\xff{\"a\": \""+strings.Repeat("x", 1000)), 64),
+		"stale replies": bytes.Repeat([]byte("\xff{\"return\": 1}"), 4096),
+		"whitespace":    append([]byte{agentDelimiter}, bytes.Repeat([]byte(" "), 64<<10)...),
+	} {
+		t.Run(name, func(t *testing.T) {
+			client, server := net.Pipe()
+			defer server.Close()
+			a := NewAgent("/nonexistent/agent.sock", nil)
+			a.conn, a.br = client, bufio.NewReader(client)
+			var written atomic.Int64
+			go func() {
+				// Read the sync and whatever follows; flood until hung up.
+				go func() { _, _ = io.Copy(io.Discard, server) }()
+				for {
+					n, err := server.Write(junk)
+					written.Add(int64(n))
+					if err != nil {
+						return
+					}
+				}
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			err := a.Ping(ctx)
+			runtime.ReadMemStats(&after)
+			if err == nil || ctx.Err() != nil || !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "more than 1048576 bytes") {
+				t.Fatalf("Ping = %v, want unavailable after %d bytes", err, maxAgentSkip)
+			}
+			// As the task service's caller sees it, through ttrpc: one line.
+			if msg := errgrpc.ToNative(errgrpc.ToGRPC(err)).Error(); strings.Contains(msg, "\n") {
+				t.Errorf("the error crosses ttrpc as more than one line: %q", msg)
+			}
+			a.mu.Lock()
+			kept := a.conn != nil
+			a.mu.Unlock()
+			if kept {
+				t.Error("the connection was kept")
+			}
+			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > maxAgentSkip/8 {
+				t.Errorf("the call allocated %d bytes while skipping %d", alloc, written.Load())
+			}
+			if w := written.Load(); w > maxAgentSkip+int64(len(junk))+8192 {
+				t.Errorf("the peer wrote %d bytes before the call gave up", w)
+			}
+		})
 	}
 }

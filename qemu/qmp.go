@@ -30,6 +30,12 @@ var ErrNoReply = errors.New("qmp command sent, no reply")
 // events for a subscriber whose queue is full are dropped.
 const EventBuffer = 256
 
+// maxQMPMessage bounds what is read of the socket for one message: the
+// replies and events the shim asks for are a few KiB (query-cpus-fast for
+// hundreds of vCPUs under 100 KiB). QEMU runs what the guest gives it, so
+// past this the connection is closed, as on any other broken message.
+const maxQMPMessage = 4 << 20
+
 // Event is an asynchronous QMP event.
 type Event struct {
 	Name      string
@@ -203,7 +209,8 @@ func (c *Client) read() {
 }
 
 func (c *Client) readLoop() error {
-	dec := json.NewDecoder(bufio.NewReader(c.conn))
+	lim := &messageLimit{r: c.conn, left: maxQMPMessage}
+	dec := json.NewDecoder(bufio.NewReader(lim))
 	greeted := false
 	for {
 		var raw json.RawMessage
@@ -213,6 +220,7 @@ func (c *Client) readLoop() error {
 			}
 			return err
 		}
+		lim.left = maxQMPMessage
 		var m message
 		if err := json.Unmarshal(raw, &m); err != nil {
 			return fmt.Errorf("decode qmp message: %w", err)
@@ -231,6 +239,28 @@ func (c *Client) readLoop() error {
 			c.log.WithField("message", string(raw)).Debug("ignoring unexpected qmp message")
 		}
 	}
+}
+
+// messageLimit fails reads once left bytes have been read: the reader
+// resets left after each message, so one message (with what the decoder
+// read ahead of it) is at most maxQMPMessage bytes.
+type messageLimit struct {
+	r    io.Reader
+	left int // read by the reading goroutine alone
+}
+
+var errQMPTooLarge = fmt.Errorf("qmp message larger than %d bytes", maxQMPMessage)
+
+func (l *messageLimit) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		return 0, errQMPTooLarge
+	}
+	if len(p) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= n
+	return n, err
 }
 
 func (c *Client) reply(m message) {

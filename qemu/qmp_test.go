@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +11,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -538,4 +541,56 @@ func TestClientPipelined(t *testing.T) {
 		t.Errorf("Send after Close: %v, want ErrClosed", err)
 	}
 	check()
+}
+
+// TestClientEndlessMessage: a QEMU that sends one message without end (an
+// unterminated string, or whitespace) is cut off once maxQMPMessage bytes
+// have come: the connection closes and calls fail, with nothing kept past
+// the bound. Many messages that each stay under it are fine.
+func TestClientEndlessMessage(t *testing.T) {
+	for name, start := range map[string]string{
+		"string":     `{"event": "X", "data": "z`,
+		"whitespace": ` `,
+	} {
+		t.Run(name, func(t *testing.T) {
+			check := noLeak(t)
+			c, p := connect(t)
+			// Messages under the bound, together far over it.
+			msg := fmt.Sprintf(`{"event": "X", "data": "%s"}`, make([]byte, 0))
+			big := `{"event": "BIG", "data": "` + string(bytes.Repeat([]byte("y"), maxQMPMessage/4)) + `"}`
+			var written atomic.Int64
+			go func() {
+				for range 5 {
+					if _, err := p.conn.Write([]byte(big)); err != nil {
+						return
+					}
+				}
+				_, _ = p.conn.Write([]byte(msg))
+				chunk := bytes.Repeat([]byte(start[len(start)-1:]), 64<<10)
+				if _, err := p.conn.Write([]byte(start)); err != nil {
+					return
+				}
+				for {
+					n, err := p.conn.Write(chunk)
+					written.Add(int64(n))
+					if err != nil {
+						return
+					}
+				}
+			}()
+			select {
+			case <-c.Done():
+			case <-time.After(time.Minute):
+				t.Fatal("the client kept reading an endless message")
+			}
+			if w := written.Load(); w > maxQMPMessage+(128<<10) {
+				t.Errorf("read %d bytes of one message", w)
+			}
+			if err := c.Cont(testCtx(t, 5*time.Second)); !errors.Is(err, ErrClosed) || !strings.Contains(err.Error(), "larger than") {
+				t.Errorf("call after the endless message: %v", err)
+			}
+			c.Close()
+			check()
+		})
+	}
 }

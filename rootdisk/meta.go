@@ -54,18 +54,22 @@ func parseMeta(b []byte) meta {
 	return m
 }
 
-// readMeta reads the volume's MetaName.
-func (v volume) readMeta() meta {
+// readMeta reads the volume's MetaName; none is the zero meta. A name that
+// is not a regular file with one link is an error, never opened.
+func (v volume) readMeta() (meta, error) {
 	f, err := v.open(MetaName, unix.O_RDONLY)
+	if errors.Is(err, os.ErrNotExist) {
+		return meta{}, nil
+	}
 	if err != nil {
-		return meta{}
+		return meta{}, err
 	}
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, maxMeta+1))
 	if err != nil {
-		return meta{}
+		return meta{}, fmt.Errorf("root disk volume %s: read %s: %w", v.name, MetaName, err)
 	}
-	return parseMeta(b)
+	return parseMeta(b), nil
 }
 
 // writeMeta replaces the volume's MetaName.

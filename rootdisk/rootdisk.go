@@ -14,8 +14,9 @@
 // LockName serialises the shims that set a disk up.
 //
 // Everything on the volume is untrusted: another pod may share it. Files
-// are opened beneath the volume's directory without following symlinks,
-// must be regular files with one link, and the disk passes the image
+// are resolved beneath the volume's directory without following symlinks,
+// must be regular files with one link (checked before they are opened, so
+// a planted device node or fifo never is), and the disk passes the image
 // package's checks (no backing or data file) before QEMU sees it.
 package rootdisk
 
@@ -31,6 +32,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmshim/vmshim/image"
+	"github.com/vmshim/vmshim/regfile"
 )
 
 // Names of the files on a filesystem volume.
@@ -88,7 +90,11 @@ func OnDirectory(ctx context.Context, dir, name string, img Image, o Options) (_
 		return nil, err
 	}
 	if disk != nil {
-		m := v.readMeta()
+		m, err := v.readMeta()
+		if err != nil {
+			disk.Close()
+			return nil, err
+		}
 		switch {
 		case m.Image == fingerprint:
 		case !o.Recreate:
@@ -124,7 +130,7 @@ type volume struct {
 
 // lock takes LockName, waiting while another shim sets a disk up here.
 func (v volume) lock(ctx context.Context) (func(), error) {
-	f, err := v.open(LockName, unix.O_RDWR|unix.O_CREAT)
+	f, err := v.openOrCreate(LockName)
 	if err != nil {
 		return nil, err
 	}
@@ -229,34 +235,46 @@ func (v volume) check(ctx context.Context, f *os.File, o Options) error {
 
 // open opens name in the volume's directory, never through a symlink or
 // out of it; it must be a regular file with one link, so the shim never
-// writes or hands QEMU a file the volume links to from elsewhere.
+// writes or hands QEMU a file the volume links to from elsewhere. The name
+// is resolved to an O_PATH descriptor and checked through it before it is
+// opened with flags, so a device node or fifo planted there is never
+// opened. With O_CREAT, O_EXCL is implied: the file is made, never reused.
 func (v volume) open(name string, flags int) (*os.File, error) {
-	how := &unix.OpenHow{
-		Flags:   uint64(flags | unix.O_NOFOLLOW | unix.O_CLOEXEC | unix.O_NONBLOCK),
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-	}
 	if flags&unix.O_CREAT != 0 {
-		how.Mode = 0o600
+		fd, err := unix.Openat2(int(v.dir.Fd()), name, &unix.OpenHow{
+			Flags:   uint64(flags | unix.O_EXCL | unix.O_NOFOLLOW | unix.O_CLOEXEC),
+			Mode:    0o600,
+			Resolve: volumeResolve,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("root disk volume %s: create %s: %w", v.name, name, err)
+		}
+		return os.NewFile(uintptr(fd), filepath.Join(v.dir.Name(), name)), nil
 	}
-	fd, err := unix.Openat2(int(v.dir.Fd()), name, how)
+	f, err := regfile.Openat(int(v.dir.Fd()), name, regfile.Options{Flags: flags, OneLink: true, Resolve: volumeResolve})
 	if err != nil {
 		return nil, fmt.Errorf("root disk volume %s: open %s: %w", v.name, name, err)
 	}
-	f := os.NewFile(uintptr(fd), filepath.Join(v.dir.Name(), name))
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("root disk volume %s: %w", v.name, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1 {
-		f.Close()
-		return nil, fmt.Errorf("root disk volume %s: %s is not a regular file with one link: %w", v.name, name, errdefs.ErrInvalidArgument)
-	}
-	if err := unix.SetNonblock(fd, false); err != nil {
-		f.Close()
-		return nil, err
-	}
 	return f, nil
+}
+
+// volumeResolve keeps a name on the volume to the volume's directory.
+const volumeResolve = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
+
+// openOrCreate opens name, making it empty when there is none.
+func (v volume) openOrCreate(name string) (*os.File, error) {
+	for range 3 {
+		f, err := v.open(name, unix.O_RDWR)
+		if !errors.Is(err, os.ErrNotExist) {
+			return f, err
+		}
+		f, err = v.open(name, unix.O_RDWR|unix.O_CREAT)
+		if !errors.Is(err, unix.EEXIST) {
+			return f, err
+		}
+		// Made by another shim in between: open it.
+	}
+	return nil, fmt.Errorf("root disk volume %s: open %s: it keeps appearing and going: %w", v.name, name, errdefs.ErrUnavailable)
 }
 
 func (o Options) log(format string, args ...any) {

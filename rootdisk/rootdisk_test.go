@@ -171,7 +171,7 @@ func TestOnDirectoryRefuses(t *testing.T) {
 			other := filepath.Join(dir, "other")
 			must(t, os.WriteFile(other, []byte("QFI\xfb"), 0o600))
 			must(t, os.Link(other, filepath.Join(dir, DiskName)))
-		}, want: "is not a regular file with one link"},
+		}, want: "open " + DiskName + ": a regular file with 2 links, not 1"},
 		{name: "disk is a directory", prepare: func(t *testing.T, dir string) {
 			must(t, os.Mkdir(filepath.Join(dir, DiskName), 0o700))
 		}, want: DiskName},

@@ -59,10 +59,10 @@ func hugetlbfsPageSize(path string) int64 {
 }
 
 // cloudInitFiles are the files of the VM's cloud-init NoCloud seed.
-func cloudInitFiles(ns string, spec *specs.Spec, desc *config.VM, mounts []cloudinit.Mount, nics []network.NIC) (map[string][]byte, error) {
+func cloudInitFiles(ns string, spec *specs.Spec, host string, desc *config.VM, mounts []cloudinit.Mount, nics []network.NIC) (map[string][]byte, error) {
 	ci := cloudinit.Documents{
 		InstanceID:    instanceID(ns, desc.ID, spec),
-		Hostname:      hostname(spec),
+		Hostname:      host,
 		UserData:      desc.UserData,
 		SSHKeys:       desc.SSHAuthorizedKeys,
 		Mounts:        mounts,

@@ -48,6 +48,7 @@ type launch struct {
 	logger   *log.Entry
 
 	desc     *config.VM
+	host     string // the pod's host name
 	rec      *record
 	filesDir *image.FilesDir // the VM's files directory in the rootfs, once made
 	boot     *image.Boot
@@ -132,6 +133,9 @@ func (c *launch) resolve(ctx context.Context) error {
 		return err
 	}
 	if err := newOCIHooks(c.r.ID, c.r.Bundle, c.spec, "").check(); err != nil {
+		return err
+	}
+	if c.host, err = hostname(c.spec); err != nil {
 		return err
 	}
 	if c.binary, err = program("config qemu_binary", c.cfg.QEMUBinary); err != nil {
@@ -343,7 +347,7 @@ func (c *launch) network(ctx context.Context) error {
 	if c.nsPath == "" {
 		return nil
 	}
-	opts := network.Options{Hostname: hostname(c.spec), ResolvConf: podResolvConf(c.spec), Logger: c.logger}
+	opts := network.Options{Hostname: c.host, ResolvConf: podResolvConf(c.spec), Logger: c.logger}
 	if c.desc.VNC {
 		c.vnc = &vncServer{logger: c.logger}
 		opts.Local = c.vnc.local()
@@ -372,7 +376,7 @@ func (c *launch) seed(context.Context) error {
 	if c.netw != nil {
 		nics = c.netw.NICs()
 	}
-	files, err := cloudInitFiles(c.ns, c.spec, c.desc, c.mounts, nics)
+	files, err := cloudInitFiles(c.ns, c.spec, c.host, c.desc, c.mounts, nics)
 	if err != nil {
 		return err
 	}

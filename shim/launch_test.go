@@ -52,6 +52,7 @@ func testLaunch(t *testing.T, files map[string]string) *launch {
 		ns:      "k8s.io",
 		cfg:     config.Default(),
 		spec:    &specs.Spec{Hostname: "pod-a", Annotations: map[string]string{sandboxUIDAnnotation: "u1"}},
+		host:    "pod-a",
 		desc:    &config.VM{ID: "vm1", Env: []string{"PATH=/usr/bin", "GREETING=hi"}, DiskDriver: config.DiskDriverVirtioBlk},
 		rec:     &record{ID: "vm1", Bundle: bundle},
 		rootDir: rootfs,

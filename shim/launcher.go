@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -30,6 +31,7 @@ import (
 	"github.com/vmshim/vmshim/network"
 	"github.com/vmshim/vmshim/oom"
 	"github.com/vmshim/vmshim/qemu"
+	"github.com/vmshim/vmshim/regfile"
 )
 
 // runtimeRoot holds each VM's runtime directory (QMP socket). It is short
@@ -278,21 +280,34 @@ func netnsSteps(path string) []thread.Step {
 	return []thread.Step{thread.JoinNetns(path)}
 }
 
+// maxHostnameFile bounds what is read of a CRI container's /etc/hostname:
+// a host name is at most 253 bytes.
+const maxHostnameFile = 4 << 10
+
 // hostname is the pod's host name: the spec's, or, for a CRI container
 // (which shares the sandbox's UTS namespace and so has none in its spec),
-// the content of the /etc/hostname file the CRI mounts into it.
-func hostname(spec *specs.Spec) string {
+// the content of the /etc/hostname file the CRI mounts into it. That file
+// must be a regular file of at most maxHostnameFile bytes: it is checked
+// through an O_PATH descriptor before it is opened (the path is the
+// spec's, so only its last component is not followed), then read
+// non-blocking. A missing file means no host name.
+func hostname(spec *specs.Spec) (string, error) {
 	if spec.Hostname != "" {
-		return spec.Hostname
+		return spec.Hostname, nil
 	}
 	for _, m := range spec.Mounts {
 		if m.Destination == "/etc/hostname" {
-			if data, err := os.ReadFile(m.Source); err == nil {
-				return strings.TrimSpace(string(data))
+			data, err := regfile.ReadFile(m.Source, maxHostnameFile)
+			if errors.Is(err, os.ErrNotExist) {
+				return "", nil
 			}
+			if err != nil {
+				return "", fmt.Errorf("/etc/hostname mount: %w", err)
+			}
+			return strings.TrimSpace(string(data)), nil
 		}
 	}
-	return ""
+	return "", nil
 }
 
 // qemuVM is a QEMU VM with the host resources recorded for it. Each
