@@ -374,13 +374,22 @@ func (c *v1Cgroup) Start(cmd *exec.Cmd, steps ...thread.Step) error {
 }
 
 // join is the thread.Step that moves the calling thread into the cgroup.
+// The way back is opened first: the steps after it may take the thread
+// where the node's cgroup directories cannot be seen (the jail's root),
+// and a thread that cannot go back stays in the VM's cgroup for good (the
+// runtime parks its main thread rather than ending it).
 func (c *v1Cgroup) join() (func() bool, error) {
 	orig, err := cgroup1.ParseCgroupFile("/proc/thread-self/cgroup")
 	if err != nil {
 		return nil, cgroupError("read the shim's cgroups for", c.path, err, errdefs.ErrUnknown)
 	}
 	tid := unix.Gettid()
-	back := func() bool { return c.rejoin(tid, orig) }
+	ways, ok := c.waysBack(orig)
+	back := func() bool { return rejoin(tid, ways) && ok }
+	if !ok {
+		back()
+		return nil, cgroupError("join", c.path, fmt.Errorf("the shim's own cgroups cannot be opened"), errdefs.ErrUnknown)
+	}
 	if err := c.cg.AddTask(cgroup1.Process{Pid: tid}); err != nil {
 		back()
 		return nil, cgroupError("join", c.path, err, errdefs.ErrUnknown)
@@ -388,10 +397,11 @@ func (c *v1Cgroup) join() (func() bool, error) {
 	return back, nil
 }
 
-// rejoin moves thread tid back to the cgroups orig lists (as read from
-// /proc/thread-self/cgroup) in each of c's hierarchies; false if any move
-// failed.
-func (c *v1Cgroup) rejoin(tid int, orig map[string]string) bool {
+// waysBack opens, for writing, the tasks file of each cgroup orig lists
+// (as read from /proc/thread-self/cgroup) in each of c's hierarchies;
+// false if any could not be opened.
+func (c *v1Cgroup) waysBack(orig map[string]string) ([]*os.File, bool) {
+	var ways []*os.File
 	ok := true
 	for _, s := range c.cg.Subsystems() {
 		p, isPather := s.(pather)
@@ -404,9 +414,25 @@ func (c *v1Cgroup) rejoin(tid int, orig map[string]string) bool {
 			ok = false
 			continue
 		}
-		if err := os.WriteFile(filepath.Join(p.Path(dir), "tasks"), []byte(strconv.Itoa(tid)), 0); err != nil {
+		f, err := os.OpenFile(filepath.Join(p.Path(dir), "tasks"), os.O_WRONLY, 0)
+		if err != nil {
+			ok = false
+			continue
+		}
+		ways = append(ways, f)
+	}
+	return ways, ok
+}
+
+// rejoin moves thread tid back through the tasks files waysBack opened,
+// and closes them; false if any move failed.
+func rejoin(tid int, ways []*os.File) bool {
+	ok := true
+	for _, f := range ways {
+		if _, err := f.WriteString(strconv.Itoa(tid)); err != nil {
 			ok = false
 		}
+		f.Close()
 	}
 	return ok
 }
