@@ -139,3 +139,47 @@ func logShimMemory(t *testing.T, p *pod, pid int, when string) {
 	t.Logf("shim, %s: RSS %.1f MiB, PSS %.1f MiB; its cgroup charged %.1f MiB, peak %.1f MiB",
 		when, float64(r.RSSKiB)/1024, float64(r.PSSKiB)/1024, float64(use)/(1<<20), float64(peak)/(1<<20))
 }
+
+// TestCRIShimOOMKilled repeats a guest growing its shim past what its pod
+// allows: the shim's cgroup is given a memory limit just above what it
+// uses, and execs move output through the shim until the kernel's OOM
+// killer ends it there. The pod ends cleanly: QEMU is gone, nothing of the
+// pod is left, and the VM's status says OOMKilled.
+func TestCRIShimOOMKilled(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
+	defer cancel()
+	p, vm := runAgentVM(ctx, t, "shimoom")
+	pid := shimPidOf(t, p.id)
+	sub := "vmshim-shim-" + p.id
+	use := p.cgroup.readInt(t, "memory", sub, "memory.usage_in_bytes")
+	limit := use + 1<<20
+	if err := os.WriteFile(p.cgroup.file("memory", sub, "memory.limit_in_bytes"), []byte(strconv.FormatInt(limit, 10)), 0); err != nil {
+		t.Fatalf("limit the shim's cgroup: %v", err)
+	}
+	t.Logf("shim pid %d: its cgroup charged %.1f MiB, limited to %.1f MiB", pid, float64(use)/(1<<20), float64(limit)/(1<<20))
+	alive := func() bool { _, err := os.Stat("/proc/" + strconv.Itoa(pid)); return err == nil }
+	const line = "0123456789012345678901234567890123456789012345678"
+	for i := 0; i < 20 && alive(); i++ {
+		// Errors are expected once the shim is gone.
+		_, _ = vm.execSync(ctx, t, 60, "sh", "-c", "i=0; while [ $i -lt 20000 ]; do echo "+line+"; i=$((i+1)); done")
+	}
+	waitGone(ctx, t, "shim "+strconv.Itoa(pid), func() bool { return !alive() })
+	st := vm.waitExited(ctx, t)
+	for st.Reason != "OOMKilled" {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the VM exited %d with reason %q, want OOMKilled\ncontainerd log:\n%s", st.ExitCode, st.Reason, p.c.d.logTail())
+		case <-time.After(200 * time.Millisecond):
+		}
+		st = vm.status(ctx, t)
+	}
+	// containerd's CRI gives a task whose shim died the exit code 255
+	// (its Wait fails before the delete action's status arrives).
+	if st.ExitCode == 0 {
+		t.Errorf("the VM exited 0 with its shim OOM-killed")
+	}
+	t.Logf("the VM: exit %d, reason %s", st.ExitCode, st.Reason)
+	waitGone(ctx, t, "qemu of "+vm.id, func() bool { return len(processesMentioning("guest="+vm.id)) == 0 })
+	p.remove(t)
+	assertNothingLeftCRI(t, vm.id, p.id)
+}
