@@ -27,9 +27,10 @@ import (
 // as the unit's properties (so that systemd keeps them across a
 // daemon-reload) and written into its delegated directories (exact).
 type scopeCgroup struct {
-	host cgroupHost
-	p    cgroupPath
-	v2   bool
+	host  cgroupHost
+	p     cgroupPath
+	v2    bool
+	extra []sddbus.Property // more properties of the unit, set before the first Add
 
 	mu    sync.Mutex            // guards res and inner
 	res   *specs.LinuxResources // limits to apply when the scope is made
@@ -48,7 +49,7 @@ func (c *scopeCgroup) Add(pid int) (retErr error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), systemdTimeout)
 	defer cancel()
-	if err := c.host.units.startScope(ctx, c.p.slice, c.p.unit, pid, scopeProperties(c.res, c.v2)); err != nil {
+	if err := c.host.units.startScope(ctx, c.p.slice, c.p.unit, pid, append(scopeProperties(c.res, c.v2), c.extra...)); err != nil {
 		return cgroupError("start systemd scope "+c.p.unit+" for", c.p.raw, err, errdefs.ErrUnavailable)
 	}
 	var inner taskCgroup

@@ -66,6 +66,11 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 	if err != nil {
 		return nil, err
 	}
+	// The pod's shim is never a likelier survivor of the node's OOM
+	// killer than the pod's tasks.
+	if err := raiseOOMScoreAdj(os.Getpid(), spec); err != nil {
+		log.G(ctx).WithError(err).WithField("id", r.ID).Warn("raise shim oom score to the task's")
+	}
 	ns, _ := namespaces.Namespace(ctx)
 	if isSandbox(spec) {
 		return l.launchSandbox(ctx, r, spec, cfg.JailIDRange(), ns+"/"+r.ID)

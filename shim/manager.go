@@ -2,7 +2,6 @@ package shim
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,13 +12,16 @@ import (
 	"syscall"
 	"time"
 
+	eventstypes "github.com/containerd/containerd/api/events"
 	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
 	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/containerd/v2/core/runtime"
 	"github.com/containerd/containerd/v2/defaults"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,10 +46,11 @@ func (m manager) Start(ctx context.Context, params *bootapi.BootstrapParams) (_ 
 	if err != nil {
 		return nil, err
 	}
-	group, err := groupOf(id)
+	spec, err := readSpec(".") // the working directory is the bundle
 	if err != nil {
 		return nil, err
 	}
+	group := groupOf(id, spec)
 	socketDir := params.GetSocketDir()
 	if socketDir == "" {
 		socketDir = filepath.Join(defaults.DefaultStateDir, "s")
@@ -97,8 +100,8 @@ func (m manager) Start(ctx context.Context, params *bootapi.BootstrapParams) (_ 
 	cmd.Env = append(os.Environ(), "GOMAXPROCS=2")
 	cmd.ExtraFiles = []*os.File{f} // fd 3: the ttrpc listener
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start shim process: %w", err)
+	if err := startShim(ctx, cmd, id, cwd, spec); err != nil {
+		return nil, err
 	}
 	defer func() {
 		if retErr != nil {
@@ -110,7 +113,41 @@ func (m manager) Start(ctx context.Context, params *bootapi.BootstrapParams) (_ 
 	if err := shim.AdjustOOMScore(cmd.Process.Pid); err != nil {
 		log.G(ctx).WithError(err).Warn("adjust shim oom score")
 	}
+	// Never below the pod's: the node's OOM killer must not take every
+	// pod before the shim.
+	if err := raiseOOMScoreAdj(cmd.Process.Pid, spec); err != nil {
+		log.G(ctx).WithError(err).Warn("raise shim oom score to the pod's")
+	}
 	return result, nil
+}
+
+// startShim starts the serving shim process: for a CRI pod sandbox, in a
+// cgroup of its own inside the pod's (see shimCgroupPath); otherwise where
+// the start action runs, containerd's cgroup.
+func startShim(ctx context.Context, cmd *exec.Cmd, id, bundle string, spec *specs.Spec) error {
+	raw, err := shimCgroupPath(id, spec)
+	if err != nil {
+		return fmt.Errorf("the shim's cgroup in the pod's: %w", err)
+	}
+	if raw == "" {
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start shim process: %w", err)
+		}
+		return nil
+	}
+	cg, err := newShimCgroup(ctx, defaultCgroupHost(), bundle, raw)
+	if err != nil {
+		return fmt.Errorf("the shim's cgroup in the pod's: %w", err)
+	}
+	if err := cg.start(cmd); err != nil {
+		if cmd.Process != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		return errors.Join(fmt.Errorf("start shim process in cgroup %s: %w", raw, err), cg.remove())
+	}
+	log.G(ctx).WithFields(log.Fields{"cgroup": raw, "pid": cmd.Process.Pid}).Debug("shim runs in the pod's cgroup")
+	return nil
 }
 
 // listen creates the shim's socket; ErrAlreadyExists means a live shim
@@ -133,23 +170,13 @@ func listen(address string) (*net.UnixListener, error) {
 	return shim.NewSocket(address)
 }
 
-// groupOf reads the bundle's config.json (the working directory during
-// start) and returns the shim group the task belongs to.
-func groupOf(id string) (string, error) {
-	data, err := os.ReadFile("config.json")
-	if err != nil {
-		return "", fmt.Errorf("read bundle spec: %w", err)
-	}
-	var spec struct {
-		Annotations map[string]string `json:"annotations"`
-	}
-	if err := json.Unmarshal(data, &spec); err != nil {
-		return "", fmt.Errorf("parse bundle spec: %w", err)
-	}
+// groupOf returns the shim group task id, whose spec is given, belongs
+// to: its pod sandbox's, or its own.
+func groupOf(id string, spec *specs.Spec) string {
 	if g := spec.Annotations[sandboxIDAnnotation]; g != "" {
-		return g, nil
+		return g
 	}
-	return id, nil
+	return id
 }
 
 // Stop is the delete action: containerd runs it when a shim died or a
@@ -161,11 +188,21 @@ func (m manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 		return shim.StopStatus{}, err
 	}
 	status := shim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(unix.SIGKILL)}
-	rec, err := readRecord(bundle)
-	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			log.G(ctx).WithError(err).WithField("id", id).Warn("read task record")
+	// A pod sandbox's bundle names the cgroup its shim ran in; the shim
+	// is gone (it crashed, or was OOM-killed there), so it can go.
+	defer func() {
+		if err := removeShimCgroup(ctx, defaultCgroupHost(), bundle); err != nil {
+			log.G(ctx).WithError(err).WithField("id", id).Warn("remove the shim's cgroup")
 		}
+	}()
+	rec, err := readRecord(bundle)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.G(ctx).WithError(err).WithField("id", id).Warn("read task record")
+	}
+	// The CRI says OOMKilled only when told: a shim killed by the
+	// pod's memory limit ends the pod's VM for that reason.
+	publishOOM(ctx, shimOOMKilledTasks(ctx, defaultCgroupHost(), bundle, id, rec))
+	if rec == nil {
 		return status, nil
 	}
 	status.Pid = rec.Pid
@@ -174,6 +211,30 @@ func (m manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 		log.G(ctx).WithError(err).WithField("id", id).Warn("delete action")
 	}
 	return status, nil
+}
+
+// publishOOM sends containerd a TaskOOM event for each task in ids,
+// through the address containerd gives the delete action.
+func publishOOM(ctx context.Context, ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	address := os.Getenv("TTRPC_ADDRESS")
+	if address == "" {
+		log.G(ctx).Warn("no containerd address to report the shim's OOM kill to")
+		return
+	}
+	p, err := shim.NewPublisher(address)
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("report the shim's OOM kill")
+		return
+	}
+	defer p.Close()
+	for _, id := range ids {
+		if err := p.Publish(ctx, runtime.TaskOOMEventTopic, &eventstypes.TaskOOM{ContainerID: id}); err != nil {
+			log.G(ctx).WithError(err).WithField("id", id).Warn("report the shim's OOM kill")
+		}
+	}
 }
 
 // bundlePath finds the bundle of task id: the -bundle flag when containerd

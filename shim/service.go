@@ -47,6 +47,9 @@ type service struct {
 	mu       sync.Mutex // guards tasks and creating
 	tasks    map[string]*task
 	creating map[string]bool // ids whose Create is under way
+
+	cgroup    string    // the cgroup of its own the shim runs in, inside its pod's; "" for none
+	leaveOnce sync.Once // leaves and removes cgroup
 }
 
 // NewTaskService returns the task service; it publishes events until the
@@ -63,6 +66,15 @@ func NewTaskService(ctx context.Context, publisher shim.Publisher, sd shutdown.S
 	s.evCond = sync.NewCond(&s.evMu)
 	go s.forward(ctx, publisher)
 	sd.RegisterCallback(s.closeEvents)
+	// The start action put the shim of a CRI pod in a cgroup of its own,
+	// inside the pod's, and named it in the bundle (the working
+	// directory), which containerd may remove before the shim ends.
+	if raw, err := readShimCgroup("."); err != nil {
+		log.G(ctx).WithError(err).Warn("the shim's cgroup is not removed at shutdown")
+	} else if raw != "" {
+		s.cgroup = raw
+		sd.RegisterCallback(func(context.Context) error { s.leaveCgroup(); return nil })
+	}
 	if address, err := shim.ReadAddress("address"); err == nil {
 		sd.RegisterCallback(func(context.Context) error { return shim.RemoveSocket(address) })
 	}
@@ -371,9 +383,24 @@ func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*em
 	n := len(s.tasks) + len(s.creating)
 	s.mu.Unlock()
 	if n == 0 {
+		// Before the reply: the pod's cgroup has no child of the shim's
+		// left once containerd is done with the pod.
+		s.leaveCgroup()
 		s.shutdown.Shutdown()
 	}
 	return &emptypb.Empty{}, nil
+}
+
+// leaveCgroup takes the shim out of its cgroup and removes it, once.
+func (s *service) leaveCgroup() {
+	s.leaveOnce.Do(func() {
+		if s.cgroup == "" {
+			return
+		}
+		if err := leaveShimCgroup(s.ctx, defaultCgroupHost(), s.cgroup); err != nil {
+			log.G(s.ctx).WithError(err).WithField("cgroup", s.cgroup).Warn("remove the shim's cgroup")
+		}
+	})
 }
 
 // get finds a task and, for a non-empty execID, one of its execs; errors

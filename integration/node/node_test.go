@@ -121,6 +121,7 @@ func TestCgroupV2Node(t *testing.T) {
 	for _, d := range drivers {
 		t.Run(d.name+"/limits", func(t *testing.T) { rows = append(rows, n.checkLimits(ctx, t, d)) })
 		t.Run(d.name+"/oom", func(t *testing.T) { rows = append(rows, n.checkOOM(ctx, t, d)) })
+		t.Run(d.name+"/shim", func(t *testing.T) { rows = append(rows, n.checkShimInPod(ctx, t, d)) })
 	}
 	if t.Failed() {
 		t.Logf("containerd's journal in the node (end):\n%s", n.journal(ctx))

@@ -4,7 +4,7 @@
 // exceed its cgroup's memory limit while it watches containerd's events. It
 // prints what it did as one JSON object on stdout.
 //
-//	vmshim-nodectl create -id ID -cgroup PATH -memory BYTES -cpu-quota Q -cpu-period P [-config FILE]
+//	vmshim-nodectl create -id ID -cgroup PATH -memory BYTES -cpu-quota Q -cpu-period P [-config FILE] [-sandbox]
 //	vmshim-nodectl oom    -id ID -cgroup PATH -memory BYTES [-config FILE] [-cgroup-dir DIR]
 //	vmshim-nodectl delete -id ID
 package main
@@ -55,6 +55,7 @@ type options struct {
 	cpuPeriod uint64
 	config    string
 	cgroupDir string
+	sandbox   bool
 	timeout   time.Duration
 }
 
@@ -75,6 +76,7 @@ func main() {
 	fs.Uint64Var(&o.cpuPeriod, "cpu-period", 100000, "CFS period in µs")
 	fs.StringVar(&o.config, "config", "", "shim config file (runtime option ConfigPath)")
 	fs.StringVar(&o.cgroupDir, "cgroup-dir", "", "oom: the cgroup's directory, to report memory.max and memory.events")
+	fs.BoolVar(&o.sandbox, "sandbox", false, "create: a CRI pod sandbox (its pause process, no VM), whose shim joins the pod's cgroup")
 	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "how long the command may take")
 	_ = fs.Parse(os.Args[2:])
 	if o.id == "" {
@@ -137,6 +139,13 @@ func newTask(ctx context.Context, c *client.Client, o options) (_ *nodeapi.Creat
 	}
 	if o.cpuQuota > 0 {
 		specOpts = append(specOpts, oci.WithCPUCFS(o.cpuQuota, o.cpuPeriod))
+	}
+	if o.sandbox {
+		// As containerd's CRI marks a pod's sandbox container.
+		specOpts = append(specOpts, oci.WithAnnotations(map[string]string{
+			"io.kubernetes.cri.container-type": "sandbox",
+			"io.kubernetes.cri.sandbox-id":     o.id,
+		}))
 	}
 	var runtimeOpts any
 	if o.config != "" {
