@@ -118,7 +118,7 @@ func TestEvict(t *testing.T) {
 	// A download larger than the whole cache is refused before a byte
 	// is written.
 	_, err = c.Get(context.Background(), mustURL(t, base+"/d"), sum(d), nil)
-	if err == nil || !strings.HasSuffix(err.Error(), "download needs 102403 bytes, more than the disk cache holds, 1 bytes (config cache_max_size)") {
+	if err == nil || !strings.HasSuffix(err.Error(), "download needs at least 102403 bytes, more than the disk cache holds, 1 bytes (config cache_max_size)") {
 		t.Fatalf("error %v", err)
 	}
 	if left := files(t, c, tmpDir); len(left) != 0 {

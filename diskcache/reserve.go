@@ -46,7 +46,7 @@ func (rv *reservation) grow(ctx context.Context, name, what string, want, need i
 		return want, nil
 	}
 	if need > c.MaxSize {
-		return 0, errorf(errdefs.ErrFailedPrecondition, nil, "disk-url %s: %s needs %d bytes, more than the disk cache holds, %d bytes (config cache_max_size)", name, what, need, c.MaxSize)
+		return 0, errorf(errdefs.ErrFailedPrecondition, nil, "disk-url %s: %s needs at least %d bytes, more than the disk cache holds, %d bytes (config cache_max_size)", name, what, need, c.MaxSize)
 	}
 	lock, err := openAt(rv.r.locks, reserveLock, unix.O_RDWR|unix.O_CREAT, 0o600, rv.r.label(locksDir, reserveLock))
 	if err != nil {
@@ -62,7 +62,7 @@ func (rv *reservation) grow(ctx context.Context, name, what string, want, need i
 	}
 	size := min(want, room)
 	if size < need {
-		return 0, errorf(errdefs.ErrFailedPrecondition, nil, "disk-url %s: no room in the disk cache for the %s: it needs %d bytes, and disks in use and other downloads leave %d of %d bytes (config cache_max_size)", name, what, need, max(room, 0), c.MaxSize)
+		return 0, errorf(errdefs.ErrFailedPrecondition, nil, "disk-url %s: no room in the disk cache for the %s: it needs at least %d bytes, and disks in use and other downloads leave %d of %d bytes (config cache_max_size)", name, what, need, max(room, 0), c.MaxSize)
 	}
 	if err := rv.set(size); err != nil {
 		return 0, err
