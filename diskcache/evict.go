@@ -88,6 +88,23 @@ func (c *Cache) evict(ctx context.Context, r *root, keep string, need int64) (in
 	return c.MaxSize - total, nil
 }
 
+// sweep removes the temp files of every digest but keep whose lock nobody
+// holds: a process that died left them.
+func (c *Cache) sweep(r *root, keep string) {
+	entries, err := listEntries(r)
+	if err != nil {
+		c.warn(err, "list the disk cache")
+		return
+	}
+	for _, e := range entries {
+		if e.dir == tmpDir && e.hex != keep {
+			if _, err := c.evictEntry(r, e); err != nil {
+				c.warn(err, "remove stale temp files of sha256:"+e.hex)
+			}
+		}
+	}
+}
+
 // addSize is a+b, saturated at the largest int64.
 func addSize(a, b int64) int64 {
 	if b > math.MaxInt64-a {

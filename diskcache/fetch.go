@@ -35,6 +35,9 @@ func (c *Cache) fetch(ctx context.Context, r *root, u *url.URL, want string, p P
 		defer cancel()
 	}
 	name := u.Redacted()
+	if c.MaxSize <= 0 {
+		c.sweep(r, want) // with a cap, each reservation sweeps
+	}
 	rv := c.reserve(r, want)
 	var dl *part
 	defer func() {

@@ -233,27 +233,29 @@ func TestReserveConcurrent(t *testing.T) {
 
 // TestStaleTemps shows the temp files and reservation of a process that
 // died (their digest lock is free) are removed by the next Get of another
-// digest, and do not count against the cap.
+// digest, with a cap or without, and do not count against the cap.
 func TestStaleTemps(t *testing.T) {
 	body := pattern(100 << 10)
 	srv := newFake(t, &fake{body: body})
-	c := testCache(t)
-	c.MaxSize = 1 << 20
-	if err := os.MkdirAll(filepath.Join(c.Dir, tmpDir), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	dead := sum([]byte("dead"))
-	for name, n := range map[string]int64{dead + partSuffix: 10 << 10, dead + unpackSuffix: 10 << 10, dead + reserveSuffix: 10 << 30} {
-		f, err := os.Create(filepath.Join(c.Dir, tmpDir, name))
-		if err != nil {
+	for _, maxSize := range []int64{0, 1 << 20} {
+		c := testCache(t)
+		c.MaxSize = maxSize
+		if err := os.MkdirAll(filepath.Join(c.Dir, tmpDir), 0o700); err != nil {
 			t.Fatal(err)
 		}
-		f.Truncate(n)
-		f.Close()
-	}
-	getOK(t, c, srv.URL+"/d", body, nil)
-	if left := files(t, c, tmpDir); len(left) != 0 {
-		t.Fatalf("temp files left: %v", left)
+		dead := sum([]byte("dead"))
+		for name, n := range map[string]int64{dead + partSuffix: 10 << 10, dead + unpackSuffix: 10 << 10, dead + reserveSuffix: 10 << 30} {
+			f, err := os.Create(filepath.Join(c.Dir, tmpDir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.Truncate(n)
+			f.Close()
+		}
+		getOK(t, c, srv.URL+"/d", body, nil)
+		if left := files(t, c, tmpDir); len(left) != 0 {
+			t.Fatalf("MaxSize %d: temp files left: %v", maxSize, left)
+		}
 	}
 }
 
