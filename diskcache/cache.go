@@ -49,6 +49,12 @@ type Cache struct {
 	// stall ends an attempt that receives nothing for this long; 0 means
 	// defaultStall.
 	stall time.Duration
+	// keepRate, keepCount and keepAge bound the partial downloads kept
+	// after a caller's deadline; 0 means defaultKeepRate, defaultKeepCount
+	// and defaultKeepAge.
+	keepRate  int64
+	keepCount int
+	keepAge   time.Duration
 }
 
 // Disk is a disk of the cache, open and in use until every copy of its
@@ -103,8 +109,8 @@ func (c *Cache) Get(ctx context.Context, u *url.URL, digest string, progress Pro
 	}
 	d, added, err := c.getLocked(ctx, r, u, hex, progress)
 	if err != nil {
-		// A failed download leaves no temp file: no lock file to keep
-		// either.
+		// The lock file goes even when the partial download is kept:
+		// lockDigest makes it again.
 		if rerr := l.remove(); rerr != nil {
 			c.warn(rerr, "remove lock file")
 		}

@@ -37,6 +37,7 @@ type part struct {
 	f         *os.File
 	hash      hash.Hash
 	have      int64  // bytes in f, all hashed
+	got       int64  // bytes received by this process, for the rate
 	total     int64  // size of the whole download, -1 if unknown
 	validator string // ETag or Last-Modified, for If-Range
 	resumed   bool   // bytes of an earlier attempt or process were kept
@@ -109,6 +110,7 @@ func (dl *part) Write(b []byte) (int, error) {
 	n, err := dl.f.Write(b)
 	dl.hash.Write(b[:n])
 	dl.have += int64(n)
+	dl.got += int64(n)
 	if dl.meter != nil {
 		dl.meter.Write(b[:n])
 	}

@@ -22,7 +22,7 @@ type entry struct {
 }
 
 // Evict removes stale temp files, then the least recently used disks that
-// are not in use until the cache holds at most MaxSize bytes; it does
+// are not in use and kept partial downloads until the cache holds at most MaxSize bytes; it does
 // nothing when MaxSize is 0. Get calls it after it adds a disk.
 func (c *Cache) Evict(ctx context.Context) error {
 	if c.MaxSize <= 0 {
@@ -37,26 +37,29 @@ func (c *Cache) Evict(ctx context.Context) error {
 	return err
 }
 
-// evict removes every stale temp file (whose digest lock nobody holds),
-// then the oldest disks and temp files it may until what the cache holds,
-// besides keep's temp files, plus need fits in MaxSize. It never removes
-// the files of keep. It returns the room left for keep's temp files:
-// MaxSize less what the rest holds, which may be less than need.
+// evict removes every stale temp file (whose digest lock nobody holds,
+// but for the partial downloads kept for a retry), then the oldest disks
+// and kept partial downloads it may until what the cache holds, besides
+// keep's temp files, plus need fits in MaxSize. It never removes the files
+// of keep. It returns the room left for keep's temp files: MaxSize less
+// what the rest holds, which may be less than need.
 func (c *Cache) evict(ctx context.Context, r *root, keep string, need int64) (int64, error) {
 	entries, err := listEntries(r)
 	if err != nil {
 		return 0, err
 	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].mtime < entries[j].mtime })
+	parts := c.keptParts(entries)
 	var total int64
 	kept := entries[:0]
 	for _, e := range entries {
 		if e.hex == keep && e.dir == tmpDir {
 			continue // replaced by need
 		}
-		if e.dir == tmpDir && e.hex != keep {
+		if e.dir == tmpDir && !parts[e.hex] {
 			// A temp file whose digest lock is free was left by a
-			// process that died: remove it whatever the cache holds.
+			// process that died, or is a kept partial download past
+			// its age or count: remove it whatever the cache holds.
 			if removed, err := c.evictEntry(r, e); err != nil {
 				c.warn(err, "remove stale temp files of sha256:"+e.hex)
 			} else if removed {
@@ -73,7 +76,7 @@ func (c *Cache) evict(ctx context.Context, r *root, keep string, need int64) (in
 		if err := ctx.Err(); err != nil {
 			return 0, ctxError(ctx, "evict disks")
 		}
-		if e.hex == keep || e.dir == tmpDir {
+		if e.hex == keep || (e.dir == tmpDir && !parts[e.hex]) {
 			continue // keep's, or a download in progress
 		}
 		removed, err := c.evictEntry(r, e)
@@ -89,15 +92,17 @@ func (c *Cache) evict(ctx context.Context, r *root, keep string, need int64) (in
 }
 
 // sweep removes the temp files of every digest but keep whose lock nobody
-// holds: a process that died left them.
+// holds, a process that died left them, but for the partial downloads
+// kept for a retry (see keptParts).
 func (c *Cache) sweep(r *root, keep string) {
 	entries, err := listEntries(r)
 	if err != nil {
 		c.warn(err, "list the disk cache")
 		return
 	}
+	parts := c.keptParts(entries)
 	for _, e := range entries {
-		if e.dir == tmpDir && e.hex != keep {
+		if e.dir == tmpDir && e.hex != keep && !parts[e.hex] {
 			if _, err := c.evictEntry(r, e); err != nil {
 				c.warn(err, "remove stale temp files of sha256:"+e.hex)
 			}

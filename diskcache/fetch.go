@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -17,8 +18,9 @@ import (
 // its sha256 is want, and installs it (decompressed) as sha256/<want>. The
 // caller holds the digest lock. Room for the download and its
 // decompression is reserved in the cache before it is written. On failure
-// it leaves no file of want in tmp/: a lost connection is resumed only
-// within this call.
+// it leaves no file of want in tmp/, but for one case: when ctx ended
+// while the download was progressing (see keepable), the partial download
+// is kept for the next Get to resume.
 func (c *Cache) fetch(ctx context.Context, r *root, u *url.URL, want string, p Progress) (retErr error) {
 	client := c.Client
 	if client == nil {
@@ -28,10 +30,12 @@ func (c *Cache) fetch(ctx context.Context, r *root, u *url.URL, want string, p P
 		}
 		defer client.CloseIdleConnections()
 	}
+	caller, began := ctx, time.Now()
+	var timeout error
 	if c.DownloadTimeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, c.DownloadTimeout,
-			fmt.Errorf("took longer than %s (config download_timeout)", c.DownloadTimeout))
+		timeout = fmt.Errorf("took longer than %s (config download_timeout)", c.DownloadTimeout)
+		ctx, cancel = context.WithTimeoutCause(ctx, c.DownloadTimeout, timeout)
 		defer cancel()
 	}
 	name := u.Redacted()
@@ -44,13 +48,19 @@ func (c *Cache) fetch(ctx context.Context, r *root, u *url.URL, want string, p P
 		if dl != nil {
 			dl.f.Close()
 		}
-		if retErr != nil {
+		switch {
+		case retErr != nil && dl != nil && c.keepable(caller, ctx, timeout, dl, retErr, began):
+			c.keepPart(r, want, dl, name, p)
+		case retErr != nil:
 			c.removeTemps(r, want)
-		} else if err := rv.release(); err != nil {
-			c.warn(err, "remove reservation")
+		default:
+			if err := rv.release(); err != nil {
+				c.warn(err, "remove reservation")
+			}
 		}
 	}()
-	dl, err := c.openPart(ctx, r, want, name, rv)
+	var err error
+	dl, err = c.openPart(ctx, r, want, name, rv)
 	if err != nil {
 		return err
 	}
