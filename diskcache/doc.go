@@ -10,7 +10,8 @@
 //
 //	sha256/<hex>         a final disk, mode 0444: the decompressed bytes of
 //	                     the download whose sha256 is <hex>
-//	tmp/<hex>.part       a download in progress; removed when it fails
+//	tmp/<hex>.part       a download in progress; removed when it fails,
+//	                     unless kept for a retry (see Downloads)
 //	tmp/<hex>.unpack     a decompression in progress; removed when it fails
 //	tmp/<hex>.reserve    the room reserved for <hex>'s temp files: a sparse
 //	                     file whose apparent size is the bytes reserved
@@ -68,19 +69,28 @@
 // its last use. Eviction removes the oldest first, skipping the disk just
 // returned, those in use and those whose digest lock is held; temp files
 // whose digest lock nobody holds were left by a process that died, and
-// are removed whatever the cache holds. Get also evicts after it added a
-// disk.
+// are removed whatever the cache holds, but for kept partial downloads:
+// those count as their size and are evicted, oldest first, like disks.
+// Get also evicts after it added a disk.
 //
 // # Downloads
 //
 // The digest is the sha256 of the bytes the URL serves (the compressed
 // file, if it is compressed), checked before anything else reads them. A
 // dropped connection is resumed with a Range request (and If-Range when
-// the server gave a validator) within the same Get; a Get that fails
-// removes its temp files, so nothing of a failed download stays. A download
-// left by a process that died is hashed and resumed by the next Get of its
-// digest, and removed by the next Get that downloads another or by Evict. A
-// download is at most MaxDownload bytes (and MaxDisk), by its
+// the server gave a validator) within the same Get. A Get that fails
+// removes its temp files, so nothing of a failed download stays, with one
+// exception: when the caller's context ended (a deadline such as the
+// kubelet's, or a cancel; not download_timeout, nor any other failure)
+// while the download was progressing, at 1 MiB/s or more on average since
+// this Get took the digest lock, tmp/<hex>.part is kept (its reservation and .unpack go)
+// and the next Get of the digest resumes it with a Range request. A lone
+// .part whose digest lock is free is such a kept download; at most 4 are
+// kept (the oldest beyond are removed), each for an hour after its last
+// write, and they count against MaxSize. A download left by a process
+// that died is hashed and resumed by the next Get of its digest; with its
+// reservation it is removed by the next Get that downloads another or by
+// Evict. A download is at most MaxDownload bytes (and MaxDisk), by its
 // Content-Length before the body is read and by what it sends. The
 // verified download is decompressed by its magic bytes (gzip, xz, zstd)
 // with the output capped at MaxDisk and at MaxRatio times the download,
