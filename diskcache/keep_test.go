@@ -189,3 +189,18 @@ func TestKeepBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestKeepEvicted shows a kept partial download counts against MaxSize and
+// is evicted, like an unused disk, when a download needs its room.
+func TestKeepEvicted(t *testing.T) {
+	body := pattern(300 << 10)
+	srv := newFake(t, &fake{body: body})
+	c := testCache(t)
+	c.MaxSize = 400 << 10
+	kept := sum([]byte("kept"))
+	plantPart(t, c, kept, 200<<10, time.Minute)
+	getOK(t, c, srv.URL+"/d", body, nil)
+	if exists(c, tmpDir, kept+partSuffix) {
+		t.Fatal("the kept partial download was not evicted to make room")
+	}
+}
