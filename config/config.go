@@ -93,6 +93,15 @@ type Config struct {
 	// CacheMaxSize caps what CacheDir holds (a quantity; "0" = no cap):
 	// above it the least recently used disks that no VM uses are removed.
 	CacheMaxSize string `toml:"cache_max_size"`
+	// MaxDownloadSize caps a disk-url download, in bytes as served
+	// (compressed); "0" leaves only max_disk_size.
+	MaxDownloadSize string `toml:"max_download_size"`
+	// MaxDecompressionRatio caps a decompressed disk-url disk at this
+	// many times its download; 0 leaves only max_disk_size.
+	MaxDecompressionRatio int `toml:"max_decompression_ratio"`
+	// DownloadTimeout bounds a disk-url download and its decompression
+	// (a Go duration) besides the create's own deadline; "0" = no bound.
+	DownloadTimeout string `toml:"download_timeout"`
 	// CAFile, when set, is a PEM file of certificates trusted for https
 	// disk URLs besides the system's.
 	CAFile string `toml:"ca_file"`
@@ -121,29 +130,32 @@ var cniName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
 // Default returns the built-in configuration.
 func Default() Config {
 	return Config{
-		QEMUBinary:     "qemu-system-x86_64",
-		QEMUImg:        "qemu-img",
-		Accel:          AccelAuto,
-		DefaultVCPUs:   1,
-		DefaultMemory:  "512Mi",
-		MaxVCPUs:       16,
-		MaxMemory:      "16Gi",
-		MemoryOverhead: "192Mi",
-		MaxDiskSize:    "256Gi",
-		DiskDriver:     DiskDriverVirtioBlk,
-		KernelCmdline:  "console=ttyS0 no_timer_check",
-		Sandbox:        true,
-		BootTimeout:    "60s",
-		CNIConfDir:     "/etc/cni/net.d",
-		CNIBinDirs:     []string{"/opt/cni/bin", "/usr/lib/cni"},
-		Jail:           true,
-		JailIDs:        DefaultJailIDs,
-		CacheDir:       "/var/lib/vmshim/disks",
-		CacheMaxSize:   "50Gi",
-		UEFICode:       "/usr/share/OVMF/OVMF_CODE_4M.fd",
-		UEFIVars:       "/usr/share/OVMF/OVMF_VARS_4M.fd",
-		UEFISecureCode: "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd",
-		UEFISecureVars: "/usr/share/OVMF/OVMF_VARS_4M.ms.fd",
+		QEMUBinary:            "qemu-system-x86_64",
+		QEMUImg:               "qemu-img",
+		Accel:                 AccelAuto,
+		DefaultVCPUs:          1,
+		DefaultMemory:         "512Mi",
+		MaxVCPUs:              16,
+		MaxMemory:             "16Gi",
+		MemoryOverhead:        "192Mi",
+		MaxDiskSize:           "256Gi",
+		DiskDriver:            DiskDriverVirtioBlk,
+		KernelCmdline:         "console=ttyS0 no_timer_check",
+		Sandbox:               true,
+		BootTimeout:           "60s",
+		CNIConfDir:            "/etc/cni/net.d",
+		CNIBinDirs:            []string{"/opt/cni/bin", "/usr/lib/cni"},
+		Jail:                  true,
+		JailIDs:               DefaultJailIDs,
+		CacheDir:              "/var/lib/vmshim/disks",
+		CacheMaxSize:          "50Gi",
+		MaxDownloadSize:       "10Gi",
+		MaxDecompressionRatio: 100,
+		DownloadTimeout:       "1h",
+		UEFICode:              "/usr/share/OVMF/OVMF_CODE_4M.fd",
+		UEFIVars:              "/usr/share/OVMF/OVMF_VARS_4M.fd",
+		UEFISecureCode:        "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd",
+		UEFISecureVars:        "/usr/share/OVMF/OVMF_VARS_4M.ms.fd",
 	}
 }
 
@@ -298,6 +310,17 @@ func (c Config) validate() error {
 	if _, err := parseBytes(c.CacheMaxSize); err != nil {
 		add("cache_max_size", "%v", err)
 	}
+	if _, err := parseBytes(c.MaxDownloadSize); err != nil {
+		add("max_download_size", "%v", err)
+	}
+	if c.MaxDecompressionRatio < 0 {
+		add("max_decompression_ratio", "%d is negative", c.MaxDecompressionRatio)
+	}
+	if d, err := time.ParseDuration(c.DownloadTimeout); err != nil {
+		add("download_timeout", "%q is not a duration (e.g. 1h)", c.DownloadTimeout)
+	} else if d < 0 {
+		add("download_timeout", "%q is negative", c.DownloadTimeout)
+	}
 	for key, v := range map[string]string{"uefi_code": c.UEFICode, "uefi_vars": c.UEFIVars, "uefi_secure_code": c.UEFISecureCode, "uefi_secure_vars": c.UEFISecureVars} {
 		if msg := checkDir(v); msg != "" {
 			add(key, "%s", msg)
@@ -432,4 +455,17 @@ func (c Config) MaxDiskBytes() int64 {
 // validated Config.
 func (c Config) CacheMaxBytes() int64 {
 	return mustBytes(c.CacheMaxSize)
+}
+
+// MaxDownloadBytes is max_download_size in bytes (0 = max_disk_size
+// alone); call it on a validated Config.
+func (c Config) MaxDownloadBytes() int64 {
+	return mustBytes(c.MaxDownloadSize)
+}
+
+// DownloadTimeoutDuration is download_timeout (0 = none); call it on a
+// validated Config.
+func (c Config) DownloadTimeoutDuration() time.Duration {
+	d, _ := time.ParseDuration(c.DownloadTimeout)
+	return d
 }

@@ -33,6 +33,7 @@ func TestDefaultIsValid(t *testing.T) {
 		CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin", "/usr/lib/cni"},
 		Jail: true, JailIDs: "1879048192-1879113727",
 		CacheDir: "/var/lib/vmshim/disks", CacheMaxSize: "50Gi",
+		MaxDownloadSize: "10Gi", MaxDecompressionRatio: 100, DownloadTimeout: "1h",
 		UEFICode: "/usr/share/OVMF/OVMF_CODE_4M.fd", UEFIVars: "/usr/share/OVMF/OVMF_VARS_4M.fd",
 		UEFISecureCode: "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd", UEFISecureVars: "/usr/share/OVMF/OVMF_VARS_4M.ms.fd",
 	}
@@ -73,6 +74,9 @@ cni_conf_dir = "/srv/cni/conf"
 cni_bin_dirs = ["/srv/cni/bin"]
 cache_dir = "/srv/disks"
 cache_max_size = "5Gi"
+max_download_size = "2Gi"
+max_decompression_ratio = 20
+download_timeout = "10m"
 ca_file = "/etc/vmshim/ca.pem"
 uefi_code = "/srv/ovmf/code.fd"
 uefi_vars = "/srv/ovmf/vars.fd"
@@ -88,6 +92,7 @@ uefi_secure_vars = "/srv/ovmf/vars.ms.fd"
 					CNINetwork: "vm-net_1.0", CNIConfDir: "/srv/cni/conf", CNIBinDirs: []string{"/srv/cni/bin"},
 					Jail: true, JailIDs: DefaultJailIDs,
 					CacheDir: "/srv/disks", CacheMaxSize: "5Gi", CAFile: "/etc/vmshim/ca.pem",
+					MaxDownloadSize: "2Gi", MaxDecompressionRatio: 20, DownloadTimeout: "10m",
 					UEFICode: "/srv/ovmf/code.fd", UEFIVars: "/srv/ovmf/vars.fd",
 					UEFISecureCode: "/srv/ovmf/code.secboot.fd", UEFISecureVars: "/srv/ovmf/vars.ms.fd",
 				}
@@ -147,6 +152,13 @@ uefi_secure_vars = "/srv/ovmf/vars.ms.fd"
 		{name: "no cache cap", body: `cache_max_size = "0"`, want: func(c *Config) { c.CacheMaxSize = "0" }},
 		{name: "relative cache dir", body: `cache_dir = "disks"`, wantErr: `cache_dir: "disks" must be an absolute path`},
 		{name: "bad cache size", body: `cache_max_size = "lots"`, wantErr: `cache_max_size:`},
+		{name: "no download cap", body: `max_download_size = "0"`, want: func(c *Config) { c.MaxDownloadSize = "0" }},
+		{name: "bad download size", body: `max_download_size = "-1"`, wantErr: `max_download_size: "-1" is negative`},
+		{name: "no ratio", body: `max_decompression_ratio = 0`, want: func(c *Config) { c.MaxDecompressionRatio = 0 }},
+		{name: "negative ratio", body: `max_decompression_ratio = -5`, wantErr: `max_decompression_ratio: -5 is negative`},
+		{name: "no download timeout", body: `download_timeout = "0"`, want: func(c *Config) { c.DownloadTimeout = "0" }},
+		{name: "bad download timeout", body: `download_timeout = "soon"`, wantErr: `download_timeout: "soon" is not a duration`},
+		{name: "negative download timeout", body: `download_timeout = "-1s"`, wantErr: `download_timeout: "-1s" is negative`},
 		{name: "relative uefi code", body: `uefi_code = "OVMF_CODE.fd"`, wantErr: `uefi_code: "OVMF_CODE.fd" must be an absolute path`},
 		{name: "relative ca file", body: `ca_file = "ca.pem"`, wantErr: `ca_file: "ca.pem" must be an absolute path`},
 		{name: "qemu user wrong type", body: `qemu_user = 0`, wantErr: "qemu_user"},

@@ -19,12 +19,21 @@ import (
 type Cache struct {
 	// Dir is the cache directory, made 0700 with its parents if missing.
 	Dir string
-	// MaxSize is the bytes the cache may hold (disks and temp files); 0
-	// means no cap.
+	// MaxSize is the bytes the cache may hold (disks, temp files and the
+	// room reserved for downloads in progress); 0 means no cap.
 	MaxSize int64
 	// MaxDisk is the largest download and the largest decompressed disk,
 	// in bytes; 0 means no limit.
 	MaxDisk int64
+	// MaxDownload is the largest download, in bytes as served
+	// (compressed); 0 means only MaxDisk bounds it.
+	MaxDownload int64
+	// MaxRatio bounds a decompressed disk to this many times the size of
+	// its download; 0 means only MaxDisk bounds it.
+	MaxRatio int64
+	// DownloadTimeout bounds the time a download and its decompression
+	// may take, besides the caller's context; 0 means no bound of its own.
+	DownloadTimeout time.Duration
 	// Client makes the downloads; nil means NewClient("").
 	Client *http.Client
 	// Logger gets what is worth a line in the shim's log (evictions,
@@ -40,6 +49,12 @@ type Cache struct {
 	// stall ends an attempt that receives nothing for this long; 0 means
 	// defaultStall.
 	stall time.Duration
+	// keepRate, keepCount and keepAge bound the partial downloads kept
+	// after a caller's deadline; 0 means defaultKeepRate, defaultKeepCount
+	// and defaultKeepAge.
+	keepRate  int64
+	keepCount int
+	keepAge   time.Duration
 }
 
 // Disk is a disk of the cache, open and in use until every copy of its
@@ -94,19 +109,16 @@ func (c *Cache) Get(ctx context.Context, u *url.URL, digest string, progress Pro
 	}
 	d, added, err := c.getLocked(ctx, r, u, hex, progress)
 	if err != nil {
-		if _, serr := statAt(r.tmp, hex+partSuffix); errors.Is(serr, unix.ENOENT) {
-			// Nothing is left of hex: no lock file to keep either.
-			if rerr := l.remove(); rerr != nil {
-				c.warn(rerr, "remove lock file")
-			}
-		} else {
-			l.unlock()
+		// The lock file goes even when the partial download is kept:
+		// lockDigest makes it again.
+		if rerr := l.remove(); rerr != nil {
+			c.warn(rerr, "remove lock file")
 		}
 		return nil, err
 	}
 	l.unlock()
 	if added && c.MaxSize > 0 {
-		if err := c.evict(ctx, r, hex); err != nil {
+		if _, err := c.evict(ctx, r, hex, 0); err != nil {
 			c.warn(err, "evict disks")
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math"
 
 	"github.com/containerd/errdefs"
 	"github.com/klauspost/compress/gzip"
@@ -75,18 +76,40 @@ func newDecoder(format string, r io.Reader) (io.ReadCloser, error) {
 	return nil, errors.New("unknown format " + format)
 }
 
+// unpackLimit returns the most bytes a download of compressed bytes may
+// decompress to, and the error for more: the smaller of MaxDisk and
+// MaxRatio times compressed (when either is set).
+func (c *Cache) unpackLimit(name string, compressed int64) (int64, error) {
+	limit, over := int64(math.MaxInt64-1), error(nil)
+	if c.MaxDisk > 0 {
+		limit, over = c.MaxDisk, tooLarge(name, "decompressed disk", c.MaxDisk, "max_disk_size")
+	}
+	if c.MaxRatio > 0 && compressed <= (math.MaxInt64-1)/c.MaxRatio {
+		if r := c.MaxRatio * max(compressed, 1); r < limit {
+			limit = r
+			over = errorf(errdefs.ErrFailedPrecondition, nil,
+				"disk-url %s: decompressed disk is larger than %d bytes, %d times the %d-byte download (config max_decompression_ratio)",
+				name, r, c.MaxRatio, compressed)
+		}
+	}
+	if over == nil {
+		over = tooLarge(name, "decompressed disk", limit, "max_disk_size")
+	}
+	return limit, over
+}
+
 // checkXZ scans the xz file in r before it is decompressed: it must be well
-// formed, with no dictionary over maxDecoderWindow and (when limit > 0) at
-// most limit bytes once decompressed. It returns the decompressed size.
-func checkXZ(r io.Reader, name string, limit int64) (int64, error) {
+// formed, with no dictionary over maxDecoderWindow and at most limit bytes
+// once decompressed (else over). It returns the decompressed size.
+func checkXZ(r io.Reader, name string, limit int64, over error) (int64, error) {
 	size, err := scanXZ(bufio.NewReaderSize(r, 1<<16), maxDecoderWindow, limit)
 	switch {
 	case errors.Is(err, errXZDict):
 		return 0, errorf(errdefs.ErrFailedPrecondition, err, "disk-url %s: xz dictionary over %s", name, humanBytes(maxDecoderWindow))
 	case err != nil:
 		return 0, errorf(errdefs.ErrFailedPrecondition, err, "disk-url %s: bad xz file", name)
-	case limit > 0 && size > limit:
-		return 0, tooLarge(name, "decompressed disk", limit)
+	case size > limit:
+		return 0, over
 	}
 	return size, nil
 }

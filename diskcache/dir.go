@@ -12,11 +12,14 @@ import (
 
 // Names inside the cache directory.
 const (
-	disksDir     = "sha256"
-	tmpDir       = "tmp"
-	locksDir     = "locks"
-	partSuffix   = ".part"
-	unpackSuffix = ".unpack"
+	disksDir      = "sha256"
+	tmpDir        = "tmp"
+	locksDir      = "locks"
+	partSuffix    = ".part"
+	unpackSuffix  = ".unpack"
+	reserveSuffix = ".reserve"
+	// reserveLock (in locksDir, never a digest) serialises reservations.
+	reserveLock = "reserve"
 )
 
 // root is the cache directory and its subdirectories, open as descriptors:

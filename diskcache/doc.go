@@ -10,10 +10,13 @@
 //
 //	sha256/<hex>         a final disk, mode 0444: the decompressed bytes of
 //	                     the download whose sha256 is <hex>
-//	tmp/<hex>.part       a download in progress or interrupted; resumed by
-//	                     the next Get of <hex>
-//	tmp/<hex>.unpack     a decompression in progress
+//	tmp/<hex>.part       a download in progress; removed when it fails,
+//	                     unless kept for a retry (see Downloads)
+//	tmp/<hex>.unpack     a decompression in progress; removed when it fails
+//	tmp/<hex>.reserve    the room reserved for <hex>'s temp files: a sparse
+//	                     file whose apparent size is the bytes reserved
 //	locks/<hex>          the lock file of digest <hex> (empty)
+//	locks/reserve        the lock that serialises reservations (empty)
 //
 // A final file only ever appears by rename(2) of a temp file that was
 // verified, decompressed and fsynced, followed by an fsync of sha256/, so a
@@ -27,7 +30,11 @@
 // downloads, decompresses and opens the disk, and Evict holds it while it
 // removes them. Other callers (other shims, or other Cache values in one
 // process: each opens its own file description) poll for it every 50 ms
-// until their context ends. A lock file may be unlinked by its holder (Evict
+// until their own context ends, never longer: another's download cannot
+// hold a create past its deadline, and the error says "another shim is
+// downloading sha256:<hex>; waited <d>". The holder's download is itself
+// bounded by its caller's context, DownloadTimeout and the stall watchdog.
+// A lock file may be unlinked by its holder (Evict
 // does), so a locker checks after flock that the path still names the inode
 // it locked, and starts again if not. A lock dies with its holder: there is
 // no stale state to clean after a crash.
@@ -43,23 +50,51 @@
 // checks that sha256/<hex> still names the inode it opened (else Evict won
 // the race, and Get takes the slow path under the digest lock).
 //
-// # Eviction
+// # Room and eviction
+//
+// What the cache holds is the apparent sizes of the disks in sha256/ plus,
+// for each digest with temp files, the larger of what they hold and what
+// it has reserved. A download reserves room before it writes a byte: its
+// Content-Length once the response's headers arrive (a body of unknown size
+// and a decompression of unknown size grow the reservation in chunks ahead
+// of what they write; xz gives its size up front). To reserve, a shim takes
+// locks/reserve, removes the stale temp files, then evicts until the
+// reservation fits in MaxSize, and refuses in one line naming
+// cache_max_size when it cannot. Since every reservation is made under
+// that lock and counted by all, concurrent downloads never together
+// overshoot MaxSize. A reservation dies with its digest lock: one whose
+// lock nobody holds is stale.
 //
 // Get sets a disk's mtime to now each time it returns it, so the mtime is
-// its last use. When a Get added a disk and the files in sha256/ and tmp/
-// hold more than MaxSize bytes (apparent sizes), the oldest are removed first until they fit,
-// skipping the disk just returned, those in use and those whose digest lock
-// is held. Temp files whose digest lock nobody holds are stale and count
-// like disks.
+// its last use. Eviction removes the oldest first, skipping the disk just
+// returned, those in use and those whose digest lock is held; temp files
+// whose digest lock nobody holds were left by a process that died, and
+// are removed whatever the cache holds, but for kept partial downloads:
+// those count as their size and are evicted, oldest first, like disks.
+// Get also evicts after it added a disk.
 //
 // # Downloads
 //
 // The digest is the sha256 of the bytes the URL serves (the compressed
 // file, if it is compressed), checked before anything else reads them. A
 // dropped connection is resumed with a Range request (and If-Range when
-// the server gave a validator); an interrupted download left by a process
-// that died is hashed and resumed by the next Get. The verified download is
-// decompressed by its magic bytes (gzip, xz, zstd) with the output capped at
-// MaxDisk and decoder memory bounded (xz dictionaries and zstd windows of at
-// most 128 MiB); any other file is kept as it is.
+// the server gave a validator) within the same Get. A Get that fails
+// removes its temp files, so nothing of a failed download stays, with one
+// exception: when the caller's context ended (a deadline such as the
+// kubelet's, or a cancel; not download_timeout, nor any other failure)
+// while the download was progressing, at 1 MiB/s or more on average since
+// this Get took the digest lock, tmp/<hex>.part is kept (its reservation and .unpack go)
+// and the next Get of the digest resumes it with a Range request. A lone
+// .part whose digest lock is free is such a kept download; at most 4 are
+// kept (the oldest beyond are removed), each for an hour after its last
+// write, and they count against MaxSize. A download left by a process
+// that died is hashed and resumed by the next Get of its digest; with its
+// reservation it is removed by the next Get that downloads another or by
+// Evict. A download is at most MaxDownload bytes (and MaxDisk), by its
+// Content-Length before the body is read and by what it sends. The
+// verified download is decompressed by its magic bytes (gzip, xz, zstd)
+// with the output capped at MaxDisk and at MaxRatio times the download,
+// and decoder memory bounded (xz dictionaries and zstd windows of at most
+// 128 MiB); any other file is kept as it is. Every refusal is one line
+// that names the config key of its limit.
 package diskcache

@@ -37,12 +37,19 @@ type part struct {
 	f         *os.File
 	hash      hash.Hash
 	have      int64  // bytes in f, all hashed
+	got       int64  // bytes received by this process, for the rate
 	total     int64  // size of the whole download, -1 if unknown
 	validator string // ETag or Last-Modified, for If-Range
 	resumed   bool   // bytes of an earlier attempt or process were kept
-	keep      bool   // on failure, keep f to resume later
 	werr      error  // the last error writing f
 	meter     *meter
+
+	// rv is the room reserved for the download in the cache; Write grows
+	// it in chunks when the size is not known beforehand.
+	rv   *reservation
+	ctx  context.Context
+	name string // the URL, redacted
+	rerr error  // the last error growing rv
 }
 
 // retryError is a failed attempt worth another; now skips the backoff.
@@ -55,14 +62,15 @@ func (e *retryError) Error() string { return e.err.Error() }
 func (e *retryError) Unwrap() error { return e.err }
 
 // openPart opens (or creates) tmp/<hex>.part; bytes left there by a process
-// that died are hashed, to be resumed.
-func (c *Cache) openPart(ctx context.Context, r *root, hex string) (_ *part, retErr error) {
+// that died are hashed, to be resumed. The download's room in the cache is
+// reserved in rv.
+func (c *Cache) openPart(ctx context.Context, r *root, hex, name string, rv *reservation) (_ *part, retErr error) {
 	label := r.label(tmpDir, hex+partSuffix)
 	f, err := openAt(r.tmp, hex+partSuffix, unix.O_RDWR|unix.O_CREAT, 0o600, label)
 	if err != nil {
 		return nil, errorf(errdefs.ErrUnavailable, err, "open download file")
 	}
-	dl := &part{f: f, hash: sha256.New(), total: -1, keep: true}
+	dl := &part{f: f, hash: sha256.New(), total: -1, rv: rv, ctx: ctx, name: name}
 	defer func() {
 		if retErr != nil {
 			f.Close()
@@ -72,7 +80,7 @@ func (c *Cache) openPart(ctx context.Context, r *root, hex string) (_ *part, ret
 	if err != nil || !st.Mode().IsRegular() {
 		return nil, errorf(errdefs.ErrFailedPrecondition, err, "%s is not a regular file", label)
 	}
-	if st.Size() == 0 || (c.MaxDisk > 0 && st.Size() > c.MaxDisk) {
+	if limit, _ := c.downloadLimit(); st.Size() == 0 || (limit > 0 && st.Size() > limit) {
 		return dl, dl.reset()
 	}
 	n, err := io.Copy(dl.hash, ctxReader{ctx, f})
@@ -86,11 +94,23 @@ func (c *Cache) openPart(ctx context.Context, r *root, hex string) (_ *part, ret
 	return dl, nil
 }
 
-// Write appends b to the file, the hash and the meter.
+// Write appends b to the file, the hash and the meter, growing the
+// reservation first when b goes past it.
 func (dl *part) Write(b []byte) (int, error) {
+	if end := dl.have + int64(len(b)); dl.rv != nil && end > dl.rv.size {
+		want := max(end, addSize(dl.rv.size, max(growChunk, dl.rv.size/8)))
+		if dl.total >= 0 {
+			want = max(end, dl.total)
+		}
+		if _, err := dl.rv.grow(dl.ctx, dl.name, "download", want, end); err != nil {
+			dl.rerr = err
+			return 0, err
+		}
+	}
 	n, err := dl.f.Write(b)
 	dl.hash.Write(b[:n])
 	dl.have += int64(n)
+	dl.got += int64(n)
 	if dl.meter != nil {
 		dl.meter.Write(b[:n])
 	}
@@ -134,7 +154,6 @@ func (c *Cache) download(ctx context.Context, client *http.Client, dl *part, u *
 		}
 		var re *retryError
 		if !errors.As(err, &re) {
-			dl.keep = false
 			return err
 		}
 		if dl.have > had {
@@ -187,21 +206,24 @@ func (c *Cache) attempt(ctx context.Context, client *http.Client, dl *part, u *u
 		return doError(name, err)
 	}
 	defer resp.Body.Close()
-	if done, err := c.start(dl, resp, name, p); done || err != nil {
+	if done, err := c.start(ctx, dl, resp, name, p); done || err != nil {
 		return err
 	}
 	var body io.Reader = stallReader{resp.Body, watchdog, stall}
-	if c.MaxDisk > 0 {
-		body = io.LimitReader(body, c.MaxDisk-dl.have+1)
+	limit, key := c.downloadLimit()
+	if limit > 0 {
+		body = io.LimitReader(body, limit-dl.have+1)
 	}
 	dl.meter = newMeter(p, "downloading", name, dl.have, dl.total)
 	started := time.Now()
 	_, err = io.Copy(dl, body)
 	switch {
+	case dl.rerr != nil:
+		return dl.rerr
 	case dl.werr != nil:
 		return errorf(errdefs.ErrUnavailable, dl.werr, "write %s", dl.f.Name())
-	case c.MaxDisk > 0 && dl.have > c.MaxDisk:
-		return tooLarge(name, "download", c.MaxDisk)
+	case limit > 0 && dl.have > limit:
+		return tooLarge(name, "download", limit, key)
 	case err != nil && context.Cause(actx) == errStalled && ctx.Err() == nil:
 		return &retryError{err: errorf(errdefs.ErrUnavailable, nil, "disk-url %s: no data for %s at %d bytes", name, stall, dl.have)}
 	case err != nil:
@@ -214,9 +236,11 @@ func (c *Cache) attempt(ctx context.Context, client *http.Client, dl *part, u *u
 }
 
 // start checks the response's status and headers against dl, resetting dl
-// when the response starts from byte 0. It returns done when dl already
-// holds the whole download (416 for a range starting at its end).
-func (c *Cache) start(dl *part, resp *http.Response, name string, p Progress) (done bool, err error) {
+// when the response starts from byte 0, and reserves room in the cache for
+// the size it announces before a byte of the body is written. It returns
+// done when dl already holds the whole download (416 for a range starting
+// at its end).
+func (c *Cache) start(ctx context.Context, dl *part, resp *http.Response, name string, p Progress) (done bool, err error) {
 	switch resp.StatusCode {
 	case http.StatusOK:
 		if dl.have > 0 {
@@ -253,10 +277,25 @@ func (c *Cache) start(dl *part, resp *http.Response, name string, p Progress) (d
 	default:
 		return false, errorf(errdefs.ErrFailedPrecondition, nil, "disk-url %s: HTTP %s", name, status(resp))
 	}
-	if c.MaxDisk > 0 && dl.total > c.MaxDisk {
-		return false, tooLarge(name, "download", c.MaxDisk)
+	if limit, key := c.downloadLimit(); limit > 0 && dl.total > limit {
+		return false, tooLarge(name, "download", limit, key)
+	}
+	if dl.total >= 0 && dl.rv != nil {
+		if _, err := dl.rv.grow(ctx, name, "download", dl.total, dl.total); err != nil {
+			return false, err
+		}
 	}
 	return false, nil
+}
+
+// downloadLimit is the largest download and the config key that sets it:
+// the smaller of MaxDownload and MaxDisk (a download larger than the
+// largest disk is no disk); 0 means none.
+func (c *Cache) downloadLimit() (int64, string) {
+	if c.MaxDownload > 0 && (c.MaxDisk <= 0 || c.MaxDownload <= c.MaxDisk) {
+		return c.MaxDownload, "max_download_size"
+	}
+	return c.MaxDisk, "max_disk_size"
 }
 
 // restart resets dl after a response that does not continue it, and
@@ -269,9 +308,10 @@ func restart(dl *part, p Progress, name, what string) error {
 	return &retryError{err: errorf(errdefs.ErrUnavailable, nil, "disk-url %s: the server answered resumes with %s", name, what), now: true}
 }
 
-// tooLarge is the error for a download or disk larger than MaxDisk.
-func tooLarge(name, what string, limit int64) error {
-	return errorf(errdefs.ErrFailedPrecondition, nil, "disk-url %s: %s is larger than %d bytes (config max_disk_size)", name, what, limit)
+// tooLarge is the error for a download or disk larger than limit, which
+// the config key sets.
+func tooLarge(name, what string, limit int64, key string) error {
+	return errorf(errdefs.ErrFailedPrecondition, nil, "disk-url %s: %s is larger than %d bytes (config %s)", name, what, limit, key)
 }
 
 // status is the response's code and standard text, never the server's.

@@ -19,17 +19,17 @@ type failure struct {
 // Error returns the one-line message.
 func (e *failure) Error() string { return e.msg }
 
-// Unwrap returns the kind and the cause, for errors.Is and errors.As.
-func (e *failure) Unwrap() []error {
-	errs := make([]error, 0, 2)
-	if e.kind != nil {
-		errs = append(errs, e.kind)
-	}
-	if e.cause != nil {
-		errs = append(errs, e.cause)
-	}
-	return errs
-}
+// Unwrap returns the kind, for errors.Is, errors.As and errdefs. The cause
+// is reached through Is and As instead: a second wrapped error would travel
+// over gRPC as a detail of its own (errgrpc), and come out as another line
+// of the message.
+func (e *failure) Unwrap() error { return e.kind }
+
+// Is reports whether the cause is target.
+func (e *failure) Is(target error) bool { return e.cause != nil && errors.Is(e.cause, target) }
+
+// As finds target in the cause's chain.
+func (e *failure) As(target any) bool { return e.cause != nil && errors.As(e.cause, target) }
 
 // errorf returns a one-line error of kind (an errdefs sentinel) whose message
 // is the formatted text followed by ": " and cause, when cause is not nil.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,9 +115,24 @@ func TestEvict(t *testing.T) {
 		t.Fatalf("after the last user closed a: disks %v, temp %v", got, files(t, c, tmpDir))
 	}
 
+	// A download larger than the whole cache is refused before a byte
+	// is written.
+	_, err = c.Get(context.Background(), mustURL(t, base+"/d"), sum(d), nil)
+	if err == nil || !strings.HasSuffix(err.Error(), "download needs at least 102403 bytes, more than the disk cache holds, 1 bytes (config cache_max_size)") {
+		t.Fatalf("error %v", err)
+	}
+	if left := files(t, c, tmpDir); len(left) != 0 {
+		t.Fatalf("temp files left: %v", left)
+	}
+
 	// The disk just returned survives even when alone it is over MaxSize.
+	c.MaxSize = 0
 	diskD := get("/d", d)
 	defer diskD.Close()
+	c.MaxSize = 1
+	if _, err := c.evict(context.Background(), r, sum(d), 0); err != nil {
+		t.Fatal(err)
+	}
 	if !exists(c, disksDir, sum(d)) {
 		t.Fatal("the disk just returned was evicted")
 	}

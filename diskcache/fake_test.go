@@ -35,6 +35,7 @@ type fake struct {
 	stalls      int32         // how many requests stall (0: all, with stallAt)
 	delay       time.Duration // pause between 64 KiB writes
 	redirect    string        // redirect every request here
+	gate        chan struct{} // when not nil, send the body once it is closed
 
 	requests atomic.Int32 // requests received
 	full     atomic.Int32 // whole bodies sent with 200
@@ -138,6 +139,12 @@ func (f *fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (f *fake) write(rw *bufio.ReadWriter, hdr string, body []byte) bool {
 	if _, err := rw.WriteString(hdr); err != nil {
 		return false
+	}
+	if f.gate != nil {
+		if rw.Flush() != nil {
+			return false
+		}
+		<-f.gate
 	}
 	for len(body) > 0 {
 		n := min(len(body), 64<<10)

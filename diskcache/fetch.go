@@ -4,10 +4,11 @@ import (
 	"bufio"
 	"context"
 	"encoding/hex"
+	"fmt"
 	"io"
-	"math"
 	"net/url"
 	"os"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -15,9 +16,11 @@ import (
 
 // fetch downloads u into tmp/<want>.part (resuming what is there), checks
 // its sha256 is want, and installs it (decompressed) as sha256/<want>. The
-// caller holds the digest lock. On failure it leaves at most the partial
-// download, and only when the failure is worth resuming (a lost connection
-// or the end of ctx).
+// caller holds the digest lock. Room for the download and its
+// decompression is reserved in the cache before it is written. On failure
+// it leaves no file of want in tmp/, but for one case: when ctx ended
+// while the download was progressing (see keepable), the partial download
+// is kept for the next Get to resume.
 func (c *Cache) fetch(ctx context.Context, r *root, u *url.URL, want string, p Progress) (retErr error) {
 	client := c.Client
 	if client == nil {
@@ -27,19 +30,40 @@ func (c *Cache) fetch(ctx context.Context, r *root, u *url.URL, want string, p P
 		}
 		defer client.CloseIdleConnections()
 	}
-	name := u.Redacted()
-	dl, err := c.openPart(ctx, r, want)
-	if err != nil {
-		return err
+	caller, began := ctx, time.Now()
+	var timeout error
+	if c.DownloadTimeout > 0 {
+		var cancel context.CancelFunc
+		timeout = fmt.Errorf("took longer than %s (config download_timeout)", c.DownloadTimeout)
+		ctx, cancel = context.WithTimeoutCause(ctx, c.DownloadTimeout, timeout)
+		defer cancel()
 	}
+	name := u.Redacted()
+	if c.MaxSize <= 0 {
+		c.sweep(r, want) // with a cap, each reservation sweeps
+	}
+	rv := c.reserve(r, want)
+	var dl *part
 	defer func() {
-		dl.f.Close()
-		if retErr != nil && !dl.keep {
-			if err := removeAt(r.tmp, want+partSuffix); err != nil {
-				c.warn(err, "remove download file")
+		if dl != nil {
+			dl.f.Close()
+		}
+		switch {
+		case retErr != nil && dl != nil && c.keepable(caller, ctx, timeout, dl, retErr, began):
+			c.keepPart(r, want, dl, name, p)
+		case retErr != nil:
+			c.removeTemps(r, want)
+		default:
+			if err := rv.release(); err != nil {
+				c.warn(err, "remove reservation")
 			}
 		}
 	}()
+	var err error
+	dl, err = c.openPart(ctx, r, want, name, rv)
+	if err != nil {
+		return err
+	}
 	if dl.have > 0 {
 		p.say("found %d bytes of an earlier download of %s", dl.have, name)
 	}
@@ -55,18 +79,24 @@ func (c *Cache) fetch(ctx context.Context, r *root, u *url.URL, want string, p P
 			// The bytes kept may predate a change of the file, or a crash.
 			p.say("%s: sha256 is wrong after a resume, downloading again from 0", name)
 			if err := dl.reset(); err != nil {
-				dl.keep = false
 				return err
 			}
 			continue
 		}
-		dl.keep = false
 		return errorf(errdefs.ErrFailedPrecondition, nil, "disk-url %s: sha256 is %s, want %s", name, sum, want)
 	}
 	p.say("verified sha256:%s of %s", want, name)
-	err = c.install(ctx, r, dl, name, want, p)
-	dl.keep = err != nil && ctx.Err() != nil // a verified download is worth keeping
-	return err
+	return c.install(ctx, r, dl, name, want, p)
+}
+
+// removeTemps removes the temp files of digest hex, whose lock the caller
+// holds: after a failure, nothing of the download stays.
+func (c *Cache) removeTemps(r *root, hex string) {
+	for _, suffix := range []string{partSuffix, unpackSuffix, reserveSuffix} {
+		if err := removeAt(r.tmp, hex+suffix); err != nil {
+			c.warn(err, "remove "+r.label(tmpDir, hex+suffix))
+		}
+	}
 }
 
 // install moves the verified download into sha256/<hex>, decompressed if
@@ -91,8 +121,10 @@ func (c *Cache) install(ctx context.Context, r *root, dl *part, name, hex string
 	return nil
 }
 
-// unpack decompresses dl into tmp/<hex>.unpack, at most MaxDisk bytes, and
-// commits it as sha256/<hex>. It returns the decompressed size.
+// unpack decompresses dl into tmp/<hex>.unpack, at most MaxDisk bytes and
+// MaxRatio times the download, reserving room in the cache ahead of what
+// it writes, and commits it as sha256/<hex>. It returns the decompressed
+// size.
 func (c *Cache) unpack(ctx context.Context, r *root, dl *part, format, name, hex string, p Progress) (_ int64, retErr error) {
 	tmp := hex + unpackSuffix
 	out, err := openAt(r.tmp, tmp, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC, 0o600, r.label(tmpDir, tmp))
@@ -107,13 +139,16 @@ func (c *Cache) unpack(ctx context.Context, r *root, dl *part, format, name, hex
 			}
 		}
 	}()
-	limit := c.MaxDisk
-	if limit <= 0 {
-		limit = math.MaxInt64 - 1
-	}
+	limit, over := c.unpackLimit(name, dl.have)
 	total := int64(-1)
 	if format == formatXZ {
-		if total, err = checkXZ(io.NewSectionReader(dl.f, 0, dl.have), name, c.MaxDisk); err != nil {
+		if total, err = checkXZ(io.NewSectionReader(dl.f, 0, dl.have), name, limit, over); err != nil {
+			return 0, err
+		}
+	}
+	const what = "decompressed disk"
+	if total >= 0 && dl.rv != nil {
+		if _, err := dl.rv.grow(ctx, name, what, dl.have+total, dl.have+total); err != nil {
 			return 0, err
 		}
 	}
@@ -122,18 +157,18 @@ func (c *Cache) unpack(ctx context.Context, r *root, dl *part, format, name, hex
 		return 0, errorf(errdefs.ErrFailedPrecondition, err, "disk-url %s: decompress %s", name, format)
 	}
 	defer dec.Close()
-	w := &errWriter{w: out}
+	w := &grower{ctx: ctx, rv: dl.rv, w: out, name: name, what: what, base: dl.have, limit: limit}
 	m := newMeter(p, "decompressing", name, 0, total)
 	n, err := io.Copy(io.MultiWriter(w, m), io.LimitReader(ctxReader{ctx, dec}, limit+1))
 	switch {
 	case ctx.Err() != nil:
 		return 0, ctxError(ctx, "disk-url "+name+": decompress")
 	case w.err != nil:
-		return 0, errorf(errdefs.ErrUnavailable, w.err, "write %s", out.Name())
+		return 0, w.err
 	case err != nil:
 		return 0, errorf(errdefs.ErrFailedPrecondition, err, "disk-url %s: decompress %s", name, format)
 	case n > limit:
-		return 0, tooLarge(name, "decompressed disk", c.MaxDisk)
+		return 0, over
 	}
 	return n, commit(r, out, tmp, hex)
 }

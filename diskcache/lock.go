@@ -3,6 +3,7 @@ package diskcache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"time"
 
@@ -22,8 +23,11 @@ type digestLock struct {
 
 // lockDigest takes the lock of digest hex, polling until ctx ends if
 // another holds it; waiting, if not nil, is called once before the first
-// wait.
+// wait. A wait is bounded by ctx alone: another's download never holds the
+// caller past its own deadline, and the error says who it waited for and
+// how long.
 func lockDigest(ctx context.Context, r *root, hex string, waiting func()) (*digestLock, error) {
+	start := time.Now()
 	for {
 		l, err := openLock(r, hex)
 		if err != nil {
@@ -31,6 +35,10 @@ func lockDigest(ctx context.Context, r *root, hex string, waiting func()) (*dige
 		}
 		if err := pollFlock(ctx, l.f, unix.LOCK_EX, waiting); err != nil {
 			l.f.Close()
+			if ctx.Err() != nil {
+				return nil, ctxError(ctx, fmt.Sprintf("another shim is downloading sha256:%s; waited %s for it",
+					hex, time.Since(start).Round(time.Millisecond)))
+			}
 			return nil, err
 		}
 		waiting = nil

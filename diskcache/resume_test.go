@@ -113,7 +113,7 @@ func TestResumeLeftover(t *testing.T) {
 
 // TestResumeGivesUp shows a server that keeps dropping the connection at
 // the same byte fails after a few attempts without progress, with a
-// one-line error, and leaves the partial download to resume.
+// one-line error, and leaves nothing of the download behind.
 func TestResumeGivesUp(t *testing.T) {
 	body := pattern(64 << 10)
 	f := &fake{body: body, drops: 100, dropAt: 1000}
@@ -128,13 +128,15 @@ func TestResumeGivesUp(t *testing.T) {
 	if n := f.requests.Load(); n != 3 {
 		t.Errorf("%d requests, want 3", n)
 	}
-	if left := files(t, c, tmpDir); len(left) != 1 || left[0] != sum(body)+partSuffix {
-		t.Errorf("temp files %v, want the partial download", left)
+	for _, sub := range []string{tmpDir, locksDir} {
+		if left := files(t, c, sub); len(left) != 0 {
+			t.Errorf("%s: left %v", sub, left)
+		}
 	}
 }
 
 // TestStall shows a stalled body ends with the context, promptly, leaving
-// a partial download that the next Get resumes; and that without a
+// no partial download (the next Get starts again); and that without a
 // deadline the stall watchdog retries by itself.
 func TestStall(t *testing.T) {
 	body := pattern(256 << 10)
@@ -149,11 +151,11 @@ func TestStall(t *testing.T) {
 		t.Fatalf("error %v after %s", err, time.Since(start))
 	}
 	checkOneLine(t, err)
-	if st, err := os.Stat(filepath.Join(c.Dir, tmpDir, sum(body)+partSuffix)); err != nil || st.Size() != 100<<10 {
-		t.Fatalf("partial download: %v, %v", st, err)
+	if left := files(t, c, tmpDir); len(left) != 0 {
+		t.Fatalf("temp files left: %v", left)
 	}
 	getOK(t, c, srv.URL+"/d", body, nil)
-	if seen := f.rangesSeen(); len(seen) != 2 || seen[1] != "bytes=102400-|" {
+	if seen := f.rangesSeen(); len(seen) != 2 || seen[1] != "|" {
 		t.Fatalf("requests %q", seen)
 	}
 

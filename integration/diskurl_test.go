@@ -342,56 +342,73 @@ func TestDiskURLPointerImage(t *testing.T) {
 	assertNothingLeftCRI(t, vm.id)
 }
 
-// TestDiskURLEviction: above the cache's cap, a disk a running VM uses
-// stays, and a disk no VM uses any more is removed. The cache holds a
-// little more than one disk; the disks differ (the second is served
-// gzip-compressed, the third is another guest's).
+// TestDiskURLEviction: a download reserves its room in the cache first.
+// The cache holds a little more than one disk: while a running VM uses the
+// first disk, a second is refused in one line naming cache_max_size, and
+// leaves nothing; once no VM uses the first, the second evicts it. The
+// disks are two guests' (the same size, other digests).
 func TestDiskURLEviction(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*bootTimeout)
 	defer cancel()
 	wait := bootDiskFile(t)
-	var gz bytes.Buffer
-	zw := gzip.NewWriter(&gz)
-	zw.Write(wait)
-	zw.Close()
 	off, err := os.ReadFile(filepath.Join(env.guestDir, "disk-poweroff.qcow2"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := startDiskServer(t, map[string][]byte{"/a.qcow2": wait, "/b.qcow2.gz": gz.Bytes(), "/c.qcow2": off})
+	s := startDiskServer(t, map[string][]byte{"/a.qcow2": wait, "/c.qcow2": off})
 	c := newCRI(t, env.daemon)
-	cached := func() map[string]bool {
-		entries, _ := os.ReadDir(filepath.Join(env.daemon.smallCacheDir(), "sha256"))
+	cached := func(sub string) map[string]bool {
+		entries, _ := os.ReadDir(filepath.Join(env.daemon.smallCacheDir(), sub))
 		m := map[string]bool{}
 		for _, e := range entries {
 			m[e.Name()] = true
 		}
 		return m
 	}
-	boot := func(name, path string, body []byte, marker string) (*pod, *criContainer) {
-		p, vm, err := vmPodOn(ctx, t, c, smallCacheHandler, name, pauseImage, map[string]string{annotationDiskURL: s.url(path), annotationDiskSHA256: digestOf(body)})
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		vm.waitLog(ctx, t, marker)
-		return p, vm
+	run := func(name, path string, body []byte) (*pod, *criContainer, error) {
+		return vmPodOn(ctx, t, c, smallCacheHandler, name, pauseImage, map[string]string{annotationDiskURL: s.url(path), annotationDiskSHA256: digestOf(body)})
 	}
-	a, b, cc := digestOf(wait), digestOf(gz.Bytes()), digestOf(off)
+	a, cc := digestOf(wait), digestOf(off)
 
-	pa, va := boot("evict-a", "/a.qcow2", wait, markerBooted)
-	pb, vb := boot("evict-b", "/b.qcow2.gz", gz.Bytes(), markerBooted)
-	if got := cached(); !got[a] || !got[b] {
-		t.Errorf("over the cap with both disks in use, the cache holds %v, want both", got)
+	pa, va, err := run("evict-a", "/a.qcow2", wait)
+	if err != nil {
+		t.Fatalf("evict-a: %v", err)
 	}
-	pa.remove(t)
-	assertNothingLeftCRI(t, va.id)
-	pc, vc := boot("evict-c", "/c.qcow2", off, "VMSHIM-GUEST-POWEROFF")
-	got := cached()
-	t.Logf("cache after the third disk: %v", got)
-	if got[a] || !got[b] || !got[cc] {
-		t.Errorf("the cache holds %v: want the unused first disk (%s) evicted, the second (in use) and the third kept", got, a[:12])
+	va.waitLog(ctx, t, markerBooted)
+	pb, vb, err := run("evict-b", "/c.qcow2", off)
+	if err == nil {
+		t.Fatal("a second disk was downloaded while the first, in use, fills the cache")
+	}
+	t.Logf("refused: %v", err)
+	if !strings.HasSuffix(err.Error(), "(config cache_max_size)") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("want one line naming cache_max_size")
+	}
+	if got := cached("sha256"); !got[a] || got[cc] {
+		t.Errorf("with the first disk in use, the cache holds %v, want it alone", got)
+	}
+	if got := cached("tmp"); len(got) != 0 {
+		t.Errorf("the refused download left %v in tmp/", got)
+	}
+	if vb != nil {
+		c.runtime.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: vb.id})
 	}
 	pb.remove(t)
+	pa.remove(t)
+	assertNothingLeftCRI(t, va.id)
+	if vb != nil {
+		assertNothingLeftCRI(t, vb.id)
+	}
+
+	pc, vc, err := run("evict-c", "/c.qcow2", off)
+	if err != nil {
+		t.Fatalf("evict-c: %v", err)
+	}
+	vc.waitLog(ctx, t, "VMSHIM-GUEST-POWEROFF")
+	got := cached("sha256")
+	t.Logf("cache after the second disk: %v", got)
+	if got[a] || !got[cc] {
+		t.Errorf("the cache holds %v: want the unused first disk (%s) evicted for the second", got, a[:12])
+	}
 	pc.remove(t)
-	assertNothingLeftCRI(t, vb.id, vc.id)
+	assertNothingLeftCRI(t, vc.id)
 }

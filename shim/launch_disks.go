@@ -144,7 +144,8 @@ func (c *launch) fetchDisk(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("config ca_file: %w", err)
 	}
-	cache := &diskcache.Cache{Dir: c.cfg.CacheDir, MaxSize: c.cfg.CacheMaxBytes(), MaxDisk: c.cfg.MaxDiskBytes(), Client: client, Logger: c.logger}
+	cache := &diskcache.Cache{Dir: c.cfg.CacheDir, MaxSize: c.cfg.CacheMaxBytes(), MaxDisk: c.cfg.MaxDiskBytes(), Client: client, Logger: c.logger,
+		MaxDownload: c.cfg.MaxDownloadBytes(), MaxRatio: int64(c.cfg.MaxDecompressionRatio), DownloadTimeout: c.cfg.DownloadTimeoutDuration()}
 	d, err := cache.Get(ctx, u, digest, c.log)
 	if err != nil {
 		return err
