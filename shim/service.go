@@ -22,6 +22,7 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	"github.com/containerd/typeurl/v2"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 )
 
@@ -110,7 +111,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	ns, _ := namespaces.Namespace(ctx)
 	out, err := openOutput(ctx, r.ID, ns, io)
 	if err != nil {
-		return nil, errgrpc.ToGRPC(createError(fmt.Errorf("task %s output: %w", r.ID, err)))
+		return nil, toGRPC(createError(fmt.Errorf("task %s output: %w", r.ID, err)))
 	}
 	req.Log = out.line
 	vm, err := s.launcher.Launch(ctx, req)
@@ -118,7 +119,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 		if cerr := out.Close(); cerr != nil {
 			log.G(ctx).WithError(cerr).Warn("close task output")
 		}
-		return nil, errgrpc.ToGRPC(createError(err))
+		return nil, toGRPC(createError(err))
 	}
 	t := newTask(s.ctx, r.ID, r.Bundle, io, out, vm, s.send)
 	// TaskCreate is queued before any RPC can find the task and before its
@@ -135,6 +136,20 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	s.mu.Unlock()
 	t.watch(s.ctx)
 	return &taskAPI.CreateTaskResponse{Pid: uint32(t.pid)}, nil
+}
+
+// toGRPC maps err to the gRPC status of its errdefs class, with err's
+// message as it is and nothing else: errgrpc would add each cause an
+// error wraps with %w (a connection's error, a context's) as a detail of
+// its own, which containerd's client joins to the message on lines of
+// their own, and the CRI hands on to kubectl describe. The shim's errors
+// are one line, and cross the edge as one.
+func toGRPC(err error) error {
+	if err == nil {
+		return nil
+	}
+	st, _ := status.FromError(errgrpc.ToGRPC(err))
+	return status.New(st.Code(), st.Message()).Err()
 }
 
 // createError keeps Create from failing with NotImplemented: containerd
@@ -159,12 +174,12 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	if e != nil {
 		pid, err := e.start(ctx)
 		if err != nil {
-			return nil, errgrpc.ToGRPC(err)
+			return nil, toGRPC(err)
 		}
 		return &taskAPI.StartResponse{Pid: uint32(pid)}, nil
 	}
 	if err := t.start(ctx); err != nil {
-		return nil, errgrpc.ToGRPC(err)
+		return nil, toGRPC(err)
 	}
 	return &taskAPI.StartResponse{Pid: uint32(t.pid)}, nil
 }
@@ -177,13 +192,13 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	}
 	if e != nil {
 		if err := t.deleteExec(e); err != nil {
-			return nil, errgrpc.ToGRPC(err)
+			return nil, toGRPC(err)
 		}
 		_, pid, code, at := e.snapshot()
 		return &taskAPI.DeleteResponse{Pid: uint32(pid), ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at)}, nil
 	}
 	if err := t.delete(ctx); err != nil {
-		return nil, errgrpc.ToGRPC(err)
+		return nil, toGRPC(err)
 	}
 	s.mu.Lock()
 	delete(s.tasks, r.ID)
@@ -227,7 +242,7 @@ func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptypb.Em
 		err = t.kill(ctx, r.Signal)
 	}
 	if err != nil {
-		return nil, errgrpc.ToGRPC(err)
+		return nil, toGRPC(err)
 	}
 	return &emptypb.Empty{}, nil
 }
@@ -240,13 +255,13 @@ func (s *service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.Wa
 	}
 	if e != nil {
 		if err := e.wait(ctx); err != nil {
-			return nil, errgrpc.ToGRPC(err)
+			return nil, toGRPC(err)
 		}
 		_, _, code, at := e.snapshot()
 		return &taskAPI.WaitResponse{ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at)}, nil
 	}
 	if err := t.wait(ctx); err != nil {
-		return nil, errgrpc.ToGRPC(err)
+		return nil, toGRPC(err)
 	}
 	_, code, at := t.snapshot()
 	return &taskAPI.WaitResponse{ExitStatus: uint32(code), ExitedAt: protobuf.ToTimestamp(at)}, nil
@@ -268,7 +283,7 @@ func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*emptypb.
 		return nil, err
 	}
 	if err := t.pause(ctx); err != nil {
-		return nil, errgrpc.ToGRPC(err)
+		return nil, toGRPC(err)
 	}
 	return &emptypb.Empty{}, nil
 }
@@ -280,7 +295,7 @@ func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*emptyp
 		return nil, err
 	}
 	if err := t.resume(ctx); err != nil {
-		return nil, errgrpc.ToGRPC(err)
+		return nil, toGRPC(err)
 	}
 	return &emptypb.Empty{}, nil
 }
@@ -314,7 +329,7 @@ func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*
 	}
 	if e != nil {
 		if err := e.resize(r.Width, r.Height); err != nil {
-			return nil, errgrpc.ToGRPC(err)
+			return nil, toGRPC(err)
 		}
 	}
 	return &emptypb.Empty{}, nil
@@ -329,7 +344,7 @@ func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*emp
 	}
 	io := stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal}
 	if _, err := t.addExec(s.ctx, r.ExecID, r.Spec.GetValue(), io); err != nil {
-		return nil, errgrpc.ToGRPC(err)
+		return nil, toGRPC(err)
 	}
 	return &emptypb.Empty{}, nil
 }
@@ -346,7 +361,7 @@ func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*em
 		return nil, err
 	}
 	if err := t.update(ctx, r.Resources); err != nil {
-		return nil, errgrpc.ToGRPC(err)
+		return nil, toGRPC(err)
 	}
 	return &emptypb.Empty{}, nil
 }
@@ -359,11 +374,11 @@ func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	}
 	m, err := t.vm.Stats(ctx)
 	if err != nil {
-		return nil, errgrpc.ToGRPC(err)
+		return nil, toGRPC(err)
 	}
 	a, err := typeurl.MarshalAnyToProto(m)
 	if err != nil {
-		return nil, errgrpc.ToGRPC(fmt.Errorf("marshal stats of %s: %w", t.id, err))
+		return nil, toGRPC(fmt.Errorf("marshal stats of %s: %w", t.id, err))
 	}
 	return &taskAPI.StatsResponse{Stats: a}, nil
 }
@@ -417,7 +432,7 @@ func (s *service) get(id, execID string) (*task, *execProcess, error) {
 	}
 	e, err := t.exec(execID)
 	if err != nil {
-		return nil, nil, errgrpc.ToGRPC(err)
+		return nil, nil, toGRPC(err)
 	}
 	return t, e, nil
 }
