@@ -82,6 +82,7 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		{"record", c.record},
 		{"claim pod", c.claimPod},
 		{"rootfs", c.rootfs},
+		{"netns", c.netns},
 		{"disks", c.disks},
 		{"firmware", c.firmware},
 		{"host devices", c.hostDevices},
