@@ -52,6 +52,15 @@
 // is held. Temp files whose digest lock nobody holds are stale and count
 // like disks.
 //
+// # Whose network
+//
+// Downloads, and the one-byte request that must succeed before a disk
+// already in the cache is returned, go through Cache.Client. The shim
+// gives each pod a client from NewPodClient, whose connections are all
+// made from the pod's network namespace (Netns) with the pod's DNS and
+// never to a denied address, so a pod gets no disk its own network could
+// not fetch.
+//
 // # Downloads
 //
 // The digest is the sha256 of the bytes the URL serves (the compressed
