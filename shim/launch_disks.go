@@ -151,13 +151,13 @@ func (c *launch) fetchDisk(ctx context.Context) error {
 	}
 	client, err := c.podClient()
 	if err != nil {
-		return err
+		return flat(err)
 	}
 	defer client.CloseIdleConnections()
 	cache := &diskcache.Cache{Dir: c.cfg.CacheDir, MaxSize: c.cfg.CacheMaxBytes(), MaxDisk: c.cfg.MaxDiskBytes(), Client: client, Logger: c.logger}
 	d, err := cache.Get(ctx, u, digest, c.log)
 	if err != nil {
-		return err
+		return flat(err)
 	}
 	c.boot.Close()
 	c.boot = &image.Boot{DiskFile: d.File}
@@ -187,6 +187,23 @@ func (c *launch) podClient() (*http.Client, error) {
 		return nil, fmt.Errorf("config ca_file: %w", err)
 	}
 	return client, err
+}
+
+// flatError is a one-line error that wraps its errdefs class alone.
+type flatError struct {
+	msg  string
+	kind error
+}
+
+func (e *flatError) Error() string { return e.msg }
+func (e *flatError) Unwrap() error { return e.kind }
+
+// flat keeps err's message and errdefs class (context errors included)
+// and drops the causes it wraps: containerd would otherwise carry each
+// cause (a connection's error) as a detail of its own, and the CRI add it
+// to the message on lines of their own.
+func flat(err error) error {
+	return &flatError{msg: err.Error(), kind: errdefs.Resolve(err)}
 }
 
 // fetched is a disk fetched by URL into the node's cache.

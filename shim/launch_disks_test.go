@@ -2,10 +2,13 @@ package shim
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/vmshim/vmshim/config"
@@ -36,5 +39,24 @@ func TestFetchDiskRefused(t *testing.T) {
 				t.Fatalf("error %v, want one line starting %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// causeError is an error with a class and a cause, as diskcache makes.
+type causeError struct{ kind, cause error }
+
+func (e *causeError) Error() string   { return "disk-url http://x/d: dial tcp: " + e.cause.Error() }
+func (e *causeError) Unwrap() []error { return []error{e.kind, e.cause} }
+
+// TestFlat shows a disk error with a cause crosses the gRPC edge as one
+// line of its class, and context errors keep theirs.
+func TestFlat(t *testing.T) {
+	err := flat(&causeError{errdefs.ErrFailedPrecondition, fmt.Errorf("refused: %w", errdefs.ErrUnavailable)})
+	back := errgrpc.ToNative(errgrpc.ToGRPC(err))
+	if !errdefs.IsFailedPrecondition(back) || strings.Contains(back.Error(), "\n") || back.Error() != err.Error() {
+		t.Fatalf("through gRPC: %q (%v)", back, back)
+	}
+	if err := flat(fmt.Errorf("disk-url: %w", context.DeadlineExceeded)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("deadline lost: %v", err)
 	}
 }
