@@ -4,10 +4,15 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	"github.com/containerd/containerd/v2/pkg/oci"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -109,4 +114,56 @@ func TestDiskURLPodNetwork(t *testing.T) {
 	noRequests("cache hits")
 	p.remove(t)
 	assertNothingLeftCRI(t, vm.id)
+}
+
+// TestDiskURLCtrNetwork: under ctr, whose spec asks for a new network
+// namespace, the disk is fetched from the namespace the shim makes for the
+// task: attached to cni_network, it reaches a server on that network's
+// gateway and boots; without a network it has only its own loopback, and
+// the create fails in one line while the server sees nothing.
+func TestDiskURLCtrNetwork(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+	defer cancel()
+	writeCNIConfig(t)
+	cfgPath := filepath.Join(env.daemon.dir, "shim-cni-disks.toml")
+	cfg := env.daemon.shimConfig() + fmt.Sprintf("cni_network = \"vmshim-ctr\"\ncni_conf_dir = %q\ncni_bin_dirs = [\"/usr/lib/cni\"]\n",
+		filepath.Join(env.daemon.dir, "ctr-cni"))
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	disk, err := os.ReadFile(filepath.Join(env.guestDir, "disk-poweroff.qcow2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startDiskServerAt(t, "10.91.0.1:0", map[string][]byte{"/disk.qcow2": disk})
+	ann := oci.WithAnnotations(map[string]string{annotationDiskURL: s.url("/disk.qcow2"), annotationDiskSHA256: digestOf(disk)})
+
+	id := uniqueID(t)
+	v, err := createVM(ctx, t, id, imageKernelWait, nil, ann)
+	if err == nil {
+		t.Fatalf("a task with no network fetched %s", s.url("/disk.qcow2"))
+	}
+	t.Logf("no network: refused: %v", err)
+	if !strings.Contains(err.Error(), "disk-url") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("want one line naming disk-url")
+	}
+	if r := s.requests("/disk.qcow2"); len(r) != 0 {
+		t.Errorf("the server got %d requests from a task with no network", len(r))
+	}
+	v.remove(t)
+	assertNothingLeft(ctx, t, id)
+
+	id = uniqueID(t) + "-cni"
+	v, err = createVM(ctx, t, id, imageKernelWait, &runtimeoptions.Options{ConfigPath: cfgPath}, ann)
+	if err != nil {
+		t.Fatalf("create on cni_network: %v", err)
+	}
+	v.start(ctx, t)
+	v.console.waitFor(ctx, t, "VMSHIM-GUEST-POWEROFF")
+	if r := s.requests("/disk.qcow2"); len(r) == 0 {
+		t.Errorf("the server on the task's network got no request")
+	}
+	v.waitExit(ctx, t)
+	v.remove(t)
+	assertNothingLeft(ctx, t, id)
 }
