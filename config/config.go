@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"github.com/containerd/errdefs"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/vmshim/vmshim/diskcache"
 	"github.com/vmshim/vmshim/jail"
 )
 
@@ -105,6 +108,12 @@ type Config struct {
 	// CAFile, when set, is a PEM file of certificates trusted for https
 	// disk URLs besides the system's.
 	CAFile string `toml:"ca_file"`
+	// URLDisks allows disks by URL (vmshim.io/disk-url) and pointer
+	// images; off, a VM that names one is refused.
+	URLDisks bool `toml:"url_disks"`
+	// URLDenyCIDRs are the networks (CIDRs or addresses) no download of a
+	// URL disk may connect to, even from the pod's network namespace.
+	URLDenyCIDRs []string `toml:"url_deny_cidrs"`
 	// UEFICode and UEFIVars are OVMF's code and the template of each VM's
 	// variables store, for vmshim.io/firmware uefi; UEFISecureCode and
 	// UEFISecureVars the same for uefi-secure (Secure Boot, with
@@ -152,6 +161,8 @@ func Default() Config {
 		MaxDownloadSize:       "10Gi",
 		MaxDecompressionRatio: 100,
 		DownloadTimeout:       "1h",
+		URLDisks:              true,
+		URLDenyCIDRs:          slices.Clone(diskcache.DefaultDeny),
 		UEFICode:              "/usr/share/OVMF/OVMF_CODE_4M.fd",
 		UEFIVars:              "/usr/share/OVMF/OVMF_VARS_4M.fd",
 		UEFISecureCode:        "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd",
@@ -331,6 +342,9 @@ func (c Config) validate() error {
 			add("ca_file", "%s", msg)
 		}
 	}
+	if _, err := diskcache.ParseDeny(c.URLDenyCIDRs); err != nil {
+		add("url_deny_cidrs", "%v", err)
+	}
 	if c.QEMUUser != "" {
 		add("qemu_user", "no longer supported: each VM's QEMU runs as an id of its own from jail_ids")
 	}
@@ -449,6 +463,12 @@ func (c Config) JailIDRange() jail.IDRange {
 // MaxDiskBytes is max_disk_size in bytes; call it on a validated Config.
 func (c Config) MaxDiskBytes() int64 {
 	return mustBytes(c.MaxDiskSize)
+}
+
+// URLDeny is url_deny_cidrs parsed; call it on a validated Config.
+func (c Config) URLDeny() []netip.Prefix {
+	deny, _ := diskcache.ParseDeny(c.URLDenyCIDRs)
+	return deny
 }
 
 // CacheMaxBytes is cache_max_size in bytes (0 = no cap); call it on a

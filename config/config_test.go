@@ -34,6 +34,8 @@ func TestDefaultIsValid(t *testing.T) {
 		Jail: true, JailIDs: "1879048192-1879113727",
 		CacheDir: "/var/lib/vmshim/disks", CacheMaxSize: "50Gi",
 		MaxDownloadSize: "10Gi", MaxDecompressionRatio: 100, DownloadTimeout: "1h",
+		URLDisks: true, URLDenyCIDRs: []string{"169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "fd00:ec2::23/128", "fd20:ce::254/128",
+			"100.100.100.200/32", "168.63.129.16/32", "192.0.0.192/32", "64:ff9b::a9fe:0/112", "2002:a9fe::/32"},
 		UEFICode: "/usr/share/OVMF/OVMF_CODE_4M.fd", UEFIVars: "/usr/share/OVMF/OVMF_VARS_4M.fd",
 		UEFISecureCode: "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd", UEFISecureVars: "/usr/share/OVMF/OVMF_VARS_4M.ms.fd",
 	}
@@ -93,6 +95,7 @@ uefi_secure_vars = "/srv/ovmf/vars.ms.fd"
 					Jail: true, JailIDs: DefaultJailIDs,
 					CacheDir: "/srv/disks", CacheMaxSize: "5Gi", CAFile: "/etc/vmshim/ca.pem",
 					MaxDownloadSize: "2Gi", MaxDecompressionRatio: 20, DownloadTimeout: "10m",
+					URLDisks: true, URLDenyCIDRs: Default().URLDenyCIDRs,
 					UEFICode: "/srv/ovmf/code.fd", UEFIVars: "/srv/ovmf/vars.fd",
 					UEFISecureCode: "/srv/ovmf/code.secboot.fd", UEFISecureVars: "/srv/ovmf/vars.ms.fd",
 				}
@@ -161,6 +164,10 @@ uefi_secure_vars = "/srv/ovmf/vars.ms.fd"
 		{name: "negative download timeout", body: `download_timeout = "-1s"`, wantErr: `download_timeout: "-1s" is negative`},
 		{name: "relative uefi code", body: `uefi_code = "OVMF_CODE.fd"`, wantErr: `uefi_code: "OVMF_CODE.fd" must be an absolute path`},
 		{name: "relative ca file", body: `ca_file = "ca.pem"`, wantErr: `ca_file: "ca.pem" must be an absolute path`},
+		{name: "url disks off", body: `url_disks = false`, want: func(c *Config) { c.URLDisks = false }},
+		{name: "url deny list", body: `url_deny_cidrs = ["169.254.169.254", "10.0.0.0/8"]`, want: func(c *Config) { c.URLDenyCIDRs = []string{"169.254.169.254", "10.0.0.0/8"} }},
+		{name: "empty url deny list", body: `url_deny_cidrs = []`, want: func(c *Config) { c.URLDenyCIDRs = []string{} }},
+		{name: "bad url deny list", body: `url_deny_cidrs = ["10.0.0.0/8", "metadata"]`, wantErr: `url_deny_cidrs: "metadata" is neither a CIDR nor an address`},
 		{name: "qemu user wrong type", body: `qemu_user = 0`, wantErr: "qemu_user"},
 		{name: "several problems", body: "accel = \"x\"\ndisk_driver = \"y\"", wantErr: `accel: "x" is not one of auto, kvm, tcg; disk_driver: "y"`},
 	}

@@ -77,8 +77,10 @@ func (d *Disk) Close() error {
 
 // Get returns the disk for u whose download has the sha256 digest (hex,
 // optionally "sha256:"), downloading, verifying and decompressing it into
-// the cache if it is not there, then evicting what no longer fits. Progress
-// lines go to progress, which may be nil.
+// the cache if it is not there, then evicting what no longer fits. A disk
+// already in the cache is returned only once the Client has answered for
+// u (a one-byte ranged GET): the pod asking must be able to fetch it
+// itself. Progress lines go to progress, which may be nil.
 func (c *Cache) Get(ctx context.Context, u *url.URL, digest string, progress Progress) (*Disk, error) {
 	if u == nil {
 		return nil, errorf(errdefs.ErrInvalidArgument, nil, "disk-url is not set")
@@ -95,10 +97,7 @@ func (c *Cache) Get(ctx context.Context, u *url.URL, digest string, progress Pro
 		return nil, err
 	}
 	defer r.close()
-	if d, err := openDisk(ctx, r, hex, false); d != nil || err != nil {
-		if d != nil {
-			progress.say("using cached disk sha256:%s for %s", hex, u.Redacted())
-		}
+	if d, err := c.cached(ctx, r, u, hex, false, progress); d != nil || err != nil {
 		return d, err
 	}
 	l, err := lockDigest(ctx, r, hex, func() {
@@ -128,9 +127,8 @@ func (c *Cache) Get(ctx context.Context, u *url.URL, digest string, progress Pro
 // getLocked returns the disk hex, downloading it if it is not there, and
 // whether it did; the caller holds the digest lock.
 func (c *Cache) getLocked(ctx context.Context, r *root, u *url.URL, hex string, p Progress) (*Disk, bool, error) {
-	if d, err := openDisk(ctx, r, hex, true); d != nil || err != nil {
+	if d, err := c.cached(ctx, r, u, hex, true, p); d != nil || err != nil {
 		if d != nil {
-			p.say("using sha256:%s downloaded by another shim", hex)
 			// A crash between the rename of a decompressed disk and the
 			// removal of its download leaves the download.
 			if err := removeAt(r.tmp, hex+partSuffix); err != nil {

@@ -73,6 +73,15 @@
 // those count as their size and are evicted, oldest first, like disks.
 // Get also evicts after it added a disk.
 //
+// # Whose network
+//
+// Downloads, and the one-byte request that must succeed before a disk
+// already in the cache is returned, go through Cache.Client. The shim
+// gives each pod a client from NewPodClient, whose connections are all
+// made from the pod's network namespace (Netns) with the pod's DNS and
+// never to a denied address, so a pod gets no disk its own network could
+// not fetch.
+//
 // # Downloads
 //
 // The digest is the sha256 of the bytes the URL serves (the compressed

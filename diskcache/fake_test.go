@@ -37,7 +37,9 @@ type fake struct {
 	redirect    string        // redirect every request here
 	gate        chan struct{} // when not nil, send the body once it is closed
 
-	requests atomic.Int32 // requests received
+	requests atomic.Int32 // requests received, but for probes
+	probes   atomic.Int32 // one-byte requests (Range: bytes=0-0) received
+	hang     bool         // probes get no answer until the client leaves
 	full     atomic.Int32 // whole bodies sent with 200
 	mu       sync.Mutex
 	ranges   []string // Range and If-Range of each request
@@ -53,6 +55,10 @@ func newFake(t *testing.T, f *fake) *httptest.Server {
 
 // ServeHTTP serves f.body as f says.
 func (f *fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Range") == "bytes=0-0" {
+		f.probe(w, r)
+		return
+	}
 	n := f.requests.Add(1)
 	etag := f.etag
 	if n > 1 && f.etagLater != "" {
@@ -157,6 +163,23 @@ func (f *fake) write(rw *bufio.ReadWriter, hdr string, body []byte) bool {
 		}
 	}
 	return rw.Flush() == nil
+}
+
+// probe answers a one-byte request with the first byte, or as f says.
+func (f *fake) probe(w http.ResponseWriter, r *http.Request) {
+	f.probes.Add(1)
+	switch {
+	case f.hang:
+		<-r.Context().Done()
+	case f.redirect != "":
+		http.Redirect(w, r, f.redirect, http.StatusFound)
+	case f.status != 0:
+		http.Error(w, "nope", f.status)
+	default:
+		w.Header().Set("Content-Range", fmt.Sprintf("bytes 0-0/%d", len(f.body)))
+		w.WriteHeader(http.StatusPartialContent)
+		w.Write(f.body[:1])
+	}
 }
 
 // rangesSeen returns the Range|If-Range of each request so far.

@@ -12,7 +12,7 @@ import (
 // order, as the shim's span log lines name them (shim/span.go). The qemu
 // step holds the three phases after it; the rest follow one another.
 var spanSteps = []string{
-	"resolve config", "record", "claim pod", "rootfs", "disks", "firmware", "host devices",
+	"resolve config", "record", "claim pod", "rootfs", "netns", "disks", "firmware", "host devices",
 	"shares", "network", "seed", "cgroup", "accelerator", "jail", "resources",
 	"qemu", "qemu exec", "qmp greeting", "qmp setup", "pin vcpus", "start hooks", "cont",
 }

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,6 +25,10 @@ const (
 	annotationDiskURL    = "vmshim.io/disk-url"
 	annotationDiskSHA256 = "vmshim.io/disk-sha256"
 )
+
+// bridgeGateway is the daemon's address on the pod network (bridgeCNI's
+// gateway): what a pod reaches of the daemon's namespace.
+const bridgeGateway = "10.88.0.1"
 
 // diskServer serves disk files over HTTP inside the suite's network
 // namespace, where containerd and its shims run, and keeps a log of what
@@ -44,13 +49,29 @@ type served struct {
 	full      bool // the whole file, from its first byte
 }
 
-// startDiskServer serves files (path → content) until the test ends.
+// startDiskServer serves files (path → content) on the pod network's
+// gateway address, which pods reach, until the test ends.
 func startDiskServer(t *testing.T, files map[string][]byte) *diskServer {
 	t.Helper()
+	return startDiskServerAt(t, net.JoinHostPort(bridgeGateway, "0"), files)
+}
+
+// startDiskServerAt serves files on addr in the daemon's namespace. The
+// address need not be there yet (IP_FREEBIND): the CNI bridge gets its
+// gateway address with the first pod.
+func startDiskServerAt(t *testing.T, addr string, files map[string][]byte) *diskServer {
+	t.Helper()
 	s := &diskServer{files: files, drop: map[string]bool{}}
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_IP, syscall.IP_FREEBIND, 1) }); err != nil {
+			return err
+		}
+		return serr
+	}}
 	var ln net.Listener
 	if err := inNetns("/run/netns/"+env.daemon.netns, func() (err error) {
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		ln, err = lc.Listen(context.Background(), "tcp", addr)
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -102,6 +123,18 @@ func (s *diskServer) requests(path string) []served {
 	var out []served
 	for _, r := range s.log {
 		if r.path == path {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// downloads returns what the server served for path but for the one-byte
+// requests that show a pod can fetch a disk already in the cache.
+func (s *diskServer) downloads(path string) []served {
+	var out []served
+	for _, r := range s.requests(path) {
+		if r.rng != "bytes=0-0" {
 			out = append(out, r)
 		}
 	}
@@ -161,8 +194,8 @@ func vmPodOn(ctx context.Context, t *testing.T, c *cri, handler, name, image str
 }
 
 // TestDiskURLOneDownload starts five pods at once that boot the same disk
-// by URL, from an image with no disk: all boot, and the server sent the
-// disk once.
+// by URL, from an image with no disk: all boot, the server sent the disk
+// once, and each pod that took it from the cache asked for its first byte.
 func TestDiskURLOneDownload(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*bootTimeout)
 	defer cancel()
@@ -191,16 +224,21 @@ func TestDiskURLOneDownload(t *testing.T) {
 			t.Logf("pod %d booted", i)
 		}
 	}
-	reqs := s.requests("/disk.qcow2")
+	reqs := s.downloads("/disk.qcow2")
 	full := 0
 	for _, r := range reqs {
 		if r.full {
 			full++
 		}
 	}
-	t.Logf("server log: %+v", reqs)
+	t.Logf("server log: %+v", s.requests("/disk.qcow2"))
 	if full != 1 || len(reqs) != 1 {
 		t.Errorf("the server sent the disk %d times in %d requests, want once", full, len(reqs))
+	}
+	// Every other pod's network answered for the URL before it got the
+	// disk from the cache.
+	if probes := len(s.requests("/disk.qcow2")) - len(reqs); probes < n-1 {
+		t.Errorf("%d one-byte requests, want one from each of the %d pods that used the cache", probes, n-1)
 	}
 	if line, ok := findLogLine(vms[0].log, "vmshim: "); !ok {
 		t.Errorf("no download line in the first pod's log")

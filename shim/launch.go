@@ -314,17 +314,12 @@ func (c *launch) shares(ctx context.Context) error {
 	return nil
 }
 
-// network wires the VM's network namespace: the console, the namespace
-// (made when the spec asks for a new one), the create hooks, a CNI
-// network, and one NIC per CNI interface.
-func (c *launch) network(ctx context.Context) error {
-	guestEnd, shimEnd, err := consolePair()
-	if err != nil {
-		return err
-	}
-	c.keep(guestEnd)
-	c.console = shimEnd
-	c.qs.ConsoleFD = c.fds.Add(guestEnd)
+// netns finds the VM's network namespace, or makes it when the spec asks
+// for a new one, and gives it its network: the create hooks and a CNI
+// network. It comes before the disks, as a disk by URL is fetched from
+// there.
+func (c *launch) netns(ctx context.Context) error {
+	var err error
 	if c.nsPath, err = c.launcher.vmNetns(ctx, c.ns, c.r.ID, c.spec, c.rec); err != nil {
 		return err
 	}
@@ -340,10 +335,21 @@ func (c *launch) network(ctx context.Context) error {
 		}
 	}
 	if c.rec.Netns != "" && c.cfg.CNINetwork != "" {
-		if err := attachCNI(ctx, c.cfg, c.ns, c.r.ID, c.rec); err != nil {
-			return err
-		}
+		return attachCNI(ctx, c.cfg, c.ns, c.r.ID, c.rec)
 	}
+	return nil
+}
+
+// network wires the VM's network namespace (see netns): the console, and
+// one NIC per CNI interface.
+func (c *launch) network(ctx context.Context) error {
+	guestEnd, shimEnd, err := consolePair()
+	if err != nil {
+		return err
+	}
+	c.keep(guestEnd)
+	c.console = shimEnd
+	c.qs.ConsoleFD = c.fds.Add(guestEnd)
 	if c.nsPath == "" {
 		return nil
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 
 	"github.com/containerd/errdefs"
@@ -13,6 +14,7 @@ import (
 	"github.com/vmshim/vmshim/diskcache"
 	"github.com/vmshim/vmshim/hostdev"
 	"github.com/vmshim/vmshim/image"
+	"github.com/vmshim/vmshim/network"
 	"github.com/vmshim/vmshim/qemu"
 	"github.com/vmshim/vmshim/rootdisk"
 )
@@ -129,9 +131,16 @@ func (c *launch) keptDiskOnDevice(ctx context.Context, img rootdisk.Image, opts 
 
 // fetchDisk gets the disk the annotations or a pointer image name by URL
 // from the node's disk cache, downloading it first if need be, and boots
-// from it as from a disk in the image. The cache marks it in use for as
-// long as a copy of its file is open, QEMU's among them: nothing to undo.
+// from it as from a disk in the image. The download, and the request that
+// shows a disk already in the cache is the pod's to use, are made from the
+// container's network namespace with the pod's DNS (podClient). The cache
+// marks the disk in use for as long as a copy of its file is open, QEMU's
+// among them: nothing to undo.
 func (c *launch) fetchDisk(ctx context.Context) error {
+	if !c.cfg.URLDisks {
+		return fmt.Errorf("disk-url: disks by URL and pointer images are turned off on this node (config url_disks): %w",
+			errdefs.ErrFailedPrecondition)
+	}
 	u, err := diskcache.ParseURL(c.boot.URL)
 	if err != nil {
 		return err
@@ -140,10 +149,11 @@ func (c *launch) fetchDisk(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	client, err := diskcache.NewClient(c.cfg.CAFile)
+	client, err := c.podClient()
 	if err != nil {
-		return fmt.Errorf("config ca_file: %w", err)
+		return err
 	}
+	defer client.CloseIdleConnections()
 	cache := &diskcache.Cache{Dir: c.cfg.CacheDir, MaxSize: c.cfg.CacheMaxBytes(), MaxDisk: c.cfg.MaxDiskBytes(), Client: client, Logger: c.logger,
 		MaxDownload: c.cfg.MaxDownloadBytes(), MaxRatio: int64(c.cfg.MaxDecompressionRatio), DownloadTimeout: c.cfg.DownloadTimeoutDuration()}
 	d, err := cache.Get(ctx, u, digest, c.log)
@@ -159,6 +169,25 @@ func (c *launch) fetchDisk(ctx context.Context) error {
 	}
 	c.boot = b
 	return nil
+}
+
+// podClient is the HTTP client of the container's downloads: every
+// connection is made in its network namespace (the pod's under the CRI,
+// the one the spec names or the shim made under ctr and nerdctl), names
+// are resolved by the nameservers of the pod's resolv.conf, and config
+// url_deny_cidrs is refused. A container with no namespace of its own
+// has no client.
+func (c *launch) podClient() (*http.Client, error) {
+	servers, search, err := network.PodDNS(podResolvConf(c.spec))
+	if err != nil {
+		return nil, fmt.Errorf("disk-url: %w", err)
+	}
+	n := &diskcache.Netns{Path: c.nsPath, Nameservers: servers, Search: search, Deny: c.cfg.URLDeny()}
+	client, err := diskcache.NewPodClient(c.cfg.CAFile, n)
+	if err != nil && c.cfg.CAFile != "" && errdefs.IsInvalidArgument(err) {
+		return nil, fmt.Errorf("config ca_file: %w", err)
+	}
+	return client, err
 }
 
 // fetched is a disk fetched by URL into the node's cache.

@@ -91,6 +91,7 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *CreateRequest) (_ VM, retE
 		{"claim pod", c.claimPod},
 		{"cgroup", c.cgroup},
 		{"rootfs", c.rootfs},
+		{"netns", c.netns},
 		{"disks", c.disks},
 		{"firmware", c.firmware},
 		{"host devices", c.hostDevices},

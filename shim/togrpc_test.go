@@ -24,6 +24,7 @@ func TestToGRPCOneLine(t *testing.T) {
 		{"joined", errors.Join(fmt.Errorf("create: %w", errdefs.ErrInvalidArgument), cause), errdefs.ErrInvalidArgument},
 		{"cause and deadline", fmt.Errorf("guest agent: %w: %w", cause, context.DeadlineExceeded), context.DeadlineExceeded},
 		{"no class", fmt.Errorf("read: %w", cause), errdefs.ErrUnknown},
+		{"class and a classed cause", &causeError{errdefs.ErrFailedPrecondition, fmt.Errorf("refused: %w", errdefs.ErrUnavailable)}, errdefs.ErrFailedPrecondition},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := errgrpc.ToNative(toGRPC(tc.err))
@@ -39,3 +40,9 @@ func TestToGRPCOneLine(t *testing.T) {
 		t.Error("toGRPC(nil) is not nil")
 	}
 }
+
+// causeError is an error with a class and a cause, as diskcache makes.
+type causeError struct{ kind, cause error }
+
+func (e *causeError) Error() string   { return "disk-url http://x/d: dial tcp: " + e.cause.Error() }
+func (e *causeError) Unwrap() []error { return []error{e.kind, e.cause} }
