@@ -17,20 +17,10 @@ import (
 )
 
 // startHandlerServer serves h where startDiskServer serves files: on the
-// loopback of the suite's network namespace, where the shims run.
+// pod network's gateway address, which pods reach.
 func startHandlerServer(t *testing.T, h http.Handler) string {
 	t.Helper()
-	var ln net.Listener
-	if err := inNetns("/run/netns/"+env.daemon.netns, func() (err error) {
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	return "http://" + ln.Addr().String()
+	return "http://" + serveInDaemonNetns(t, net.JoinHostPort(bridgeGateway, "0"), h)
 }
 
 // hostileDisks serves the three misbehaving disk servers of

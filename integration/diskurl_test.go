@@ -56,12 +56,20 @@ func startDiskServer(t *testing.T, files map[string][]byte) *diskServer {
 	return startDiskServerAt(t, net.JoinHostPort(bridgeGateway, "0"), files)
 }
 
-// startDiskServerAt serves files on addr in the daemon's namespace. The
-// address need not be there yet (IP_FREEBIND): the CNI bridge gets its
-// gateway address with the first pod.
+// startDiskServerAt serves files on addr in the daemon's namespace.
 func startDiskServerAt(t *testing.T, addr string, files map[string][]byte) *diskServer {
 	t.Helper()
 	s := &diskServer{files: files, drop: map[string]bool{}}
+	s.addr = serveInDaemonNetns(t, addr, s)
+	return s
+}
+
+// serveInDaemonNetns serves h on addr in the daemon's namespace until the
+// test ends, and returns the address it listens on. The address need not
+// be there yet (IP_FREEBIND): the CNI bridge gets its gateway address with
+// the first pod.
+func serveInDaemonNetns(t *testing.T, addr string, h http.Handler) string {
+	t.Helper()
 	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		if err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_IP, syscall.IP_FREEBIND, 1) }); err != nil {
@@ -76,11 +84,10 @@ func startDiskServerAt(t *testing.T, addr string, files map[string][]byte) *disk
 	}); err != nil {
 		t.Fatal(err)
 	}
-	s.addr = ln.Addr().String()
-	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
-	return s
+	return ln.Addr().String()
 }
 
 func (s *diskServer) url(path string) string { return "http://" + s.addr + path }

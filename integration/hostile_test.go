@@ -17,13 +17,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/vmshim/vmshim/regfile/regfiletest"
 )
 
 // TestSecurityHostileRootfs runs images whose rootfs tries to make the
@@ -423,7 +424,7 @@ func TestSecurityPlantedRootDiskNames(t *testing.T) {
 			if err := unix.Mknod(node, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
 				t.Fatal(err)
 			}
-			opens := watchOpens(t, vol)
+			opens := regfiletest.WatchOpens(t, vol)
 			ann := map[string]string{annotationRootDiskVolume: "/data"}
 			for k, v := range tc.ann {
 				ann[k] = v
@@ -486,38 +487,4 @@ func vmRSS(t *testing.T, pid int) int64 {
 	}
 	t.Fatalf("/proc/%d/status has no VmRSS", pid)
 	return 0
-}
-
-// watchOpens returns what reports the names in dir that were opened
-// (inotify IN_OPEN) since it was called, by any process; an O_PATH
-// descriptor is no open.
-func watchOpens(t *testing.T, dir string) func() []string {
-	t.Helper()
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_OPEN); err != nil {
-		t.Fatal(err)
-	}
-	return func() []string {
-		var opened []string
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := unix.Read(fd, buf)
-			if errors.Is(err, unix.EAGAIN) {
-				return opened
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			for off := 0; off+unix.SizeofInotifyEvent <= n; {
-				ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-				name := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
-				opened = append(opened, strings.TrimRight(string(name), "\x00"))
-				off += unix.SizeofInotifyEvent + int(ev.Len)
-			}
-		}
-	}
 }

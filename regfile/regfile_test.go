@@ -1,16 +1,16 @@
 package regfile
 
 import (
-	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"unsafe"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/vmshim/vmshim/regfile/regfiletest"
 )
 
 // planted makes a file of each kind a hostile writer could leave at a
@@ -40,41 +40,6 @@ func planted(t *testing.T, dir string) map[string]string {
 	return names
 }
 
-// watchOpens reports the names in dir opened (IN_OPEN) while it runs; an
-// O_PATH descriptor is no open.
-func watchOpens(t *testing.T, dir string) func() []string {
-	t.Helper()
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_OPEN); err != nil {
-		t.Fatal(err)
-	}
-	return func() []string {
-		var opened []string
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := unix.Read(fd, buf)
-			if errors.Is(err, unix.EAGAIN) {
-				return opened
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			for off := 0; off+unix.SizeofInotifyEvent <= n; {
-				ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-				name := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
-				if ev.Mask&unix.IN_OPEN != 0 {
-					opened = append(opened, string(bytes.TrimRight(name, "\x00")))
-				}
-				off += unix.SizeofInotifyEvent + int(ev.Len)
-			}
-		}
-	}
-}
-
 func TestOpenatRefusesPlanted(t *testing.T) {
 	dir := t.TempDir()
 	names := planted(t, dir)
@@ -83,7 +48,7 @@ func TestOpenatRefusesPlanted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	opens := watchOpens(t, dir)
+	opens := regfiletest.WatchOpens(t, dir)
 	for kind, name := range names {
 		for _, o := range []Options{
 			{Flags: unix.O_RDWR | unix.O_NONBLOCK, OneLink: true, Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS},
@@ -140,7 +105,7 @@ func TestOpenatBeneath(t *testing.T) {
 func TestReadFile(t *testing.T) {
 	dir := t.TempDir()
 	names := planted(t, dir)
-	opens := watchOpens(t, dir)
+	opens := regfiletest.WatchOpens(t, dir)
 	for kind, name := range names {
 		p := filepath.Join(dir, name)
 		_, err := ReadFile(p, 64)

@@ -1,16 +1,15 @@
 package rootdisk
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vmshim/vmshim/regfile/regfiletest"
 )
 
 // plants are what another pod sharing the volume may leave at a name.
@@ -54,7 +53,7 @@ func TestPlantedNames(t *testing.T) {
 					must(t, os.Remove(filepath.Join(dir, MetaName)))
 				}
 				p.plant(t, filepath.Join(dir, name))
-				opens := watchOpens(t, dir)
+				opens := regfiletest.WatchOpens(t, dir)
 				var err error
 				if name == VarsName {
 					tf, terr := os.Open(template)
@@ -83,35 +82,6 @@ func TestPlantedNames(t *testing.T) {
 					t.Fatalf("the planted %s is gone or replaced: %v", p.kind, err)
 				}
 			})
-		}
-	}
-}
-
-// watchOpens returns what reports the names in dir opened (IN_OPEN) since
-// it was called; an O_PATH descriptor is no open.
-func watchOpens(t *testing.T, dir string) func() []string {
-	t.Helper()
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	must(t, err)
-	t.Cleanup(func() { unix.Close(fd) })
-	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_OPEN); err != nil {
-		t.Fatal(err)
-	}
-	return func() []string {
-		var opened []string
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := unix.Read(fd, buf)
-			if errors.Is(err, unix.EAGAIN) {
-				return opened
-			}
-			must(t, err)
-			for off := 0; off+unix.SizeofInotifyEvent <= n; {
-				ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-				name := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
-				opened = append(opened, string(bytes.TrimRight(name, "\x00")))
-				off += unix.SizeofInotifyEvent + int(ev.Len)
-			}
 		}
 	}
 }
