@@ -29,6 +29,19 @@ func cachedDisk(t *testing.T, f *fake) (string, string) {
 	return c.Dir, u
 }
 
+// recorded records u as a URL the cached disk of body was fetched from.
+func recorded(t *testing.T, dir string, body []byte, u string) {
+	t.Helper()
+	r, err := openRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.close()
+	if err := recordURL(r, sum(body), mustURL(t, u), false); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // used reports whether the cached disk's mtime moved: whether it was
 // opened for a caller.
 func used(t *testing.T, dir string, body []byte) bool {
@@ -93,6 +106,7 @@ func TestCachedRefused(t *testing.T) {
 				}
 				u = "http://" + ln.Addr().String() + "/d"
 				ln.Close()
+				recorded(t, dir, f.body, u) // a URL it was fetched from, whose server is gone
 			}
 			_, err := c.Get(context.Background(), mustURL(t, u), sum(f.body), nil)
 			want := "disk-url " + u + ": the pod's network cannot fetch it: "
