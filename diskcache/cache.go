@@ -144,6 +144,11 @@ func (c *Cache) getLocked(ctx context.Context, r *root, u *url.URL, hex string, 
 	_, err := statAt(r.disks, hex)
 	prove := err == nil
 	if prove {
+		// An unreachable URL is refused as at a cache hit, before a
+		// download.
+		if _, err := c.revalidate(ctx, u); err != nil {
+			return nil, false, err
+		}
 		p.say("sha256:%s is in the cache, but was not fetched from %s: downloading it to check it serves the same bytes", hex, u.Redacted())
 	}
 	if err := c.fetch(ctx, r, u, hex, prove, p); err != nil {
