@@ -139,10 +139,10 @@ func (c *Cache) getLocked(ctx context.Context, r *root, u *url.URL, hex string, 
 		}
 		return d, false, err
 	}
-	// The disk is there, but u is not one of the URLs it was fetched
-	// from: knowing its digest is not enough, u must serve its bytes.
-	_, err := statAt(r.disks, hex)
-	prove := err == nil
+	// A disk still there was not fetched from u (cached said so): knowing
+	// its digest is not enough, u must serve its bytes.
+	_, serr := statAt(r.disks, hex)
+	prove := serr == nil
 	if prove {
 		// An unreachable URL is refused as at a cache hit, before a
 		// download.
