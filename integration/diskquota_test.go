@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,12 +18,20 @@ import (
 )
 
 // startHandlerServer serves h where startDiskServer serves files: on the
-// loopback of the suite's network namespace, where the shims run.
+// pod network's gateway in the daemon's namespace, which pods reach (the
+// address may not be there yet: IP_FREEBIND).
 func startHandlerServer(t *testing.T, h http.Handler) string {
 	t.Helper()
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_IP, syscall.IP_FREEBIND, 1) }); err != nil {
+			return err
+		}
+		return serr
+	}}
 	var ln net.Listener
 	if err := inNetns("/run/netns/"+env.daemon.netns, func() (err error) {
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		ln, err = lc.Listen(context.Background(), "tcp", net.JoinHostPort(bridgeGateway, "0"))
 		return err
 	}); err != nil {
 		t.Fatal(err)
