@@ -78,9 +78,11 @@ func (d *Disk) Close() error {
 // Get returns the disk for u whose download has the sha256 digest (hex,
 // optionally "sha256:"), downloading, verifying and decompressing it into
 // the cache if it is not there, then evicting what no longer fits. A disk
-// already in the cache is returned only once the Client has answered for
-// u (a one-byte ranged GET): the pod asking must be able to fetch it
-// itself. Progress lines go to progress, which may be nil.
+// already in the cache is returned only for a URL it was fetched from, once
+// the Client has answered for u (a one-byte ranged GET): the pod asking
+// must be able to fetch it itself. For any other URL, the Client must
+// first download u in full and its sha256 be the digest; u is then
+// recorded as one the disk was fetched from. Progress lines go to progress, which may be nil.
 func (c *Cache) Get(ctx context.Context, u *url.URL, digest string, progress Progress) (*Disk, error) {
 	if u == nil {
 		return nil, errorf(errdefs.ErrInvalidArgument, nil, "disk-url is not set")
@@ -137,14 +139,32 @@ func (c *Cache) getLocked(ctx context.Context, r *root, u *url.URL, hex string, 
 		}
 		return d, false, err
 	}
-	if err := c.fetch(ctx, r, u, hex, p); err != nil {
+	// A disk still there was not fetched from u (cached said so): knowing
+	// its digest is not enough, u must serve its bytes.
+	_, serr := statAt(r.disks, hex)
+	prove := serr == nil
+	if prove {
+		// An unreachable URL is refused as at a cache hit, before a
+		// download.
+		if _, err := c.revalidate(ctx, u); err != nil {
+			return nil, false, err
+		}
+		p.say("sha256:%s is in the cache, but was not fetched from %s: downloading it to check it serves the same bytes", hex, u.Redacted())
+	}
+	if err := c.fetch(ctx, r, u, hex, prove, p); err != nil {
 		return nil, false, err
+	}
+	if err := recordURL(r, hex, u, !prove); err != nil {
+		c.warn(err, "record the URL of a disk")
 	}
 	d, err := openDisk(ctx, r, hex, true)
 	if err == nil && d == nil {
 		err = errorf(errdefs.ErrUnavailable, nil, "disk %s vanished", r.label(disksDir, hex))
 	}
-	return d, err == nil, err
+	if d != nil && prove {
+		p.say("using cached disk sha256:%s for %s (the pod's network served the same bytes)", hex, u.Redacted())
+	}
+	return d, err == nil && !prove, err
 }
 
 // openDisk opens the final disk hex and takes its shared lock, returning

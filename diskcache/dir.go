@@ -15,6 +15,7 @@ const (
 	disksDir      = "sha256"
 	tmpDir        = "tmp"
 	locksDir      = "locks"
+	urlsDir       = "urls"
 	partSuffix    = ".part"
 	unpackSuffix  = ".unpack"
 	reserveSuffix = ".reserve"
@@ -30,6 +31,7 @@ type root struct {
 	disks *os.File
 	tmp   *os.File
 	locks *os.File
+	urls  *os.File
 }
 
 // openRoot makes (0700, with parents) and opens the cache directory at
@@ -56,7 +58,7 @@ func openRoot(path string) (_ *root, retErr error) {
 	for _, sub := range []struct {
 		name string
 		f    **os.File
-	}{{disksDir, &r.disks}, {tmpDir, &r.tmp}, {locksDir, &r.locks}} {
+	}{{disksDir, &r.disks}, {tmpDir, &r.tmp}, {locksDir, &r.locks}, {urlsDir, &r.urls}} {
 		if err := unix.Mkdirat(int(dir.Fd()), sub.name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
 			return nil, errorf(errdefs.ErrUnavailable, err, "make %s", filepath.Join(path, sub.name))
 		}
@@ -98,7 +100,7 @@ func openDir(dirfd int, name string) (*os.File, error) {
 
 // close closes the directory descriptors.
 func (r *root) close() {
-	for _, f := range []*os.File{r.locks, r.tmp, r.disks, r.dir} {
+	for _, f := range []*os.File{r.urls, r.locks, r.tmp, r.disks, r.dir} {
 		if f != nil {
 			f.Close()
 		}

@@ -15,8 +15,17 @@
 //	tmp/<hex>.unpack     a decompression in progress; removed when it fails
 //	tmp/<hex>.reserve    the room reserved for <hex>'s temp files: a sparse
 //	                     file whose apparent size is the bytes reserved
+//	urls/<hex>           the URLs sha256/<hex> was fetched from: the
+//	                     lowercase hex sha256 of each URL's string, one a
+//	                     line, oldest first, at most 32 (never the URL,
+//	                     which may hold a credential); written to
+//	                     urls/<hex>.new and renamed, under the digest lock
 //	locks/<hex>          the lock file of digest <hex> (empty)
 //	locks/reserve        the lock that serialises reservations (empty)
+//
+// A urls file that is not a regular file, is over 4 KiB or does not
+// parse counts as empty. It goes, before its disk, when Evict or Remove
+// removes the disk, and a new download of a digest starts a new one.
 //
 // A final file only ever appears by rename(2) of a temp file that was
 // verified, decompressed and fsynced, followed by an fsync of sha256/, so a
@@ -76,7 +85,14 @@
 // # Whose network
 //
 // Downloads, and the one-byte request that must succeed before a disk
-// already in the cache is returned, go through Cache.Client. The shim
+// already in the cache is returned, go through Cache.Client. A disk in the
+// cache is returned for a URL only when the URL is in its urls file (read
+// without the digest lock: it is only ever replaced whole, by rename) and
+// answers that request. For any other URL, Get takes the digest lock and
+// the Client downloads it in full into tmp/, as any download; only when
+// its sha256 is the digest is the URL added and the cached disk returned
+// (the download is removed), so knowing a digest without its bytes gets
+// a pod nothing. The shim
 // gives each pod a client from NewPodClient, whose connections are all
 // made from the pod's network namespace (Netns) with the pod's DNS and
 // never to a denied address, so a pod gets no disk its own network could

@@ -230,6 +230,11 @@ func (c *Cache) evictEntry(r *root, e entry) (bool, error) {
 	if same, err := sameFile(f, r.disks, name); err != nil || !same {
 		return false, err
 	}
+	// The record of its URLs goes first: a crash between leaves a disk
+	// no URL may have without a download of its own.
+	if err := removeURLs(r, e.hex); err != nil {
+		return false, err
+	}
 	if err := removeAt(r.disks, name); err != nil {
 		return false, err
 	}

@@ -21,7 +21,11 @@ import (
 // it leaves no file of want in tmp/, but for one case: when ctx ended
 // while the download was progressing (see keepable), the partial download
 // is kept for the next Get to resume.
-func (c *Cache) fetch(ctx context.Context, r *root, u *url.URL, want string, p Progress) (retErr error) {
+//
+// With prove, sha256/<want> is already there and the download only shows
+// u serves its bytes: it starts from 0, is never kept, and is removed
+// once verified instead of installed.
+func (c *Cache) fetch(ctx context.Context, r *root, u *url.URL, want string, prove bool, p Progress) (retErr error) {
 	client := c.Client
 	if client == nil {
 		var err error
@@ -49,7 +53,7 @@ func (c *Cache) fetch(ctx context.Context, r *root, u *url.URL, want string, p P
 			dl.f.Close()
 		}
 		switch {
-		case retErr != nil && dl != nil && c.keepable(caller, ctx, timeout, dl, retErr, began):
+		case retErr != nil && !prove && dl != nil && c.keepable(caller, ctx, timeout, dl, retErr, began):
 			c.keepPart(r, want, dl, name, p)
 		case retErr != nil:
 			c.removeTemps(r, want)
@@ -59,6 +63,11 @@ func (c *Cache) fetch(ctx context.Context, r *root, u *url.URL, want string, p P
 			}
 		}
 	}()
+	if prove {
+		// Bytes already there, some other URL's or a crash's, prove
+		// nothing of u.
+		c.removeTemps(r, want)
+	}
 	var err error
 	dl, err = c.openPart(ctx, r, want, name, rv)
 	if err != nil {
@@ -86,6 +95,10 @@ func (c *Cache) fetch(ctx context.Context, r *root, u *url.URL, want string, p P
 		return errorf(errdefs.ErrFailedPrecondition, nil, "disk-url %s: sha256 is %s, want %s", name, sum, want)
 	}
 	p.say("verified sha256:%s of %s", want, name)
+	if prove {
+		c.removeTemps(r, want)
+		return nil
+	}
 	return c.install(ctx, r, dl, name, want, p)
 }
 

@@ -16,15 +16,19 @@ import (
 // URL whose disk is in the cache.
 const revalidateTimeout = 30 * time.Second
 
-// cached returns the disk hex from the cache, nil if it is not there, once
-// the Cache's client (the pod's) has answered for u: a disk some other pod
-// fetched is handed only to one that could fetch it too. Nothing of the
-// disk is opened before. locked says the caller holds the digest lock.
+// cached returns the disk hex from the cache, nil if it is not there or
+// was not fetched from u, once the Cache's client (the pod's) has answered
+// for u: a disk some other pod fetched is handed only to one that names a
+// URL it was fetched from and could fetch it too. Nothing of the disk is
+// opened before. locked says the caller holds the digest lock.
 func (c *Cache) cached(ctx context.Context, r *root, u *url.URL, hex string, locked bool, p Progress) (*Disk, error) {
 	if _, err := statAt(r.disks, hex); errors.Is(err, unix.ENOENT) {
 		return nil, nil
 	} else if err != nil {
 		return nil, errorf(errdefs.ErrUnavailable, err, "stat %s", r.label(disksDir, hex))
+	}
+	if !urlRecorded(r, hex, u) {
+		return nil, nil // getLocked has the URL prove it serves the bytes
 	}
 	status, err := c.revalidate(ctx, u)
 	if err != nil {

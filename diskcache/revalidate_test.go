@@ -29,6 +29,19 @@ func cachedDisk(t *testing.T, f *fake) (string, string) {
 	return c.Dir, u
 }
 
+// recorded records u as a URL the cached disk of body was fetched from.
+func recorded(t *testing.T, dir string, body []byte, u string) {
+	t.Helper()
+	r, err := openRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.close()
+	if err := recordURL(r, sum(body), mustURL(t, u), false); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // used reports whether the cached disk's mtime moved: whether it was
 // opened for a caller.
 func used(t *testing.T, dir string, body []byte) bool {
@@ -62,7 +75,8 @@ func TestCachedProbe(t *testing.T) {
 
 // TestCachedRefused shows a disk in the cache is not handed to a client
 // that cannot fetch its URL: a server that now says 404 or 403, a client
-// whose connections are denied, a server gone. The refusal is one line
+// whose connections are denied, a server gone (at a URL the disk was
+// fetched from, or a new one: no download is tried). The refusal is one line
 // with the status and nothing of the disk; the disk is not opened.
 func TestCachedRefused(t *testing.T) {
 	for _, tc := range []struct {
@@ -70,13 +84,15 @@ func TestCachedRefused(t *testing.T) {
 		status int
 		deny   bool
 		gone   bool
+		record bool // the gone server's URL is one the disk was fetched from
 		is     func(error) bool
 		msg    string
 	}{
-		{"404", 404, false, false, errdefs.IsNotFound, "HTTP 404 Not Found"},
-		{"403", 403, false, false, errdefs.IsFailedPrecondition, "HTTP 403 Forbidden"},
-		{"denied", 0, true, false, errdefs.IsFailedPrecondition, "url_deny_cidrs"},
-		{"gone", 0, false, true, errdefs.IsFailedPrecondition, "connection refused"},
+		{"404", 404, false, false, false, errdefs.IsNotFound, "HTTP 404 Not Found"},
+		{"403", 403, false, false, false, errdefs.IsFailedPrecondition, "HTTP 403 Forbidden"},
+		{"denied", 0, true, false, false, errdefs.IsFailedPrecondition, "url_deny_cidrs"},
+		{"gone", 0, false, true, true, errdefs.IsFailedPrecondition, "connection refused"},
+		{"gone, a new URL", 0, false, true, false, errdefs.IsFailedPrecondition, "connection refused"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fake{body: pattern(100 << 10)}
@@ -93,6 +109,9 @@ func TestCachedRefused(t *testing.T) {
 				}
 				u = "http://" + ln.Addr().String() + "/d"
 				ln.Close()
+				if tc.record {
+					recorded(t, dir, f.body, u) // a URL it was fetched from, whose server is gone
+				}
 			}
 			_, err := c.Get(context.Background(), mustURL(t, u), sum(f.body), nil)
 			want := "disk-url " + u + ": the pod's network cannot fetch it: "

@@ -42,7 +42,10 @@ func addMetadataAddr(t *testing.T) {
 // fetches the disk from a server its own network reaches (on the pod
 // network's gateway) and boots. Then, with the disk in the cache, a second
 // pod that names its digest with either unreachable URL is refused in one
-// line, without a request to either server and nothing of the disk.
+// line, without a request to either server and nothing of the disk; and a
+// third that names it with a server it reaches, which answers the one-byte
+// request but serves other bytes, downloads them and is refused in one
+// line.
 func TestDiskURLPodNetwork(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
 	defer cancel()
@@ -112,6 +115,38 @@ func TestDiskURLPodNetwork(t *testing.T) {
 	refused("netns-cached-loopback", node.url("/disk.qcow2.gz"), "the pod's network cannot fetch it", "connection refused")
 	refused("netns-cached-metadata", meta.url("/disk.qcow2.gz"), "the pod's network cannot fetch it", "url_deny_cidrs")
 	noRequests("cache hits")
+
+	// A pod that knows the digest names a server of its own, which its
+	// network reaches and which answers the one-byte request, but serves
+	// other bytes: it must download them in full, and is refused.
+	other := append([]byte(nil), disk...)
+	other[len(other)/2] ^= 0xff
+	liar := startDiskServer(t, map[string][]byte{"/disk.qcow2.gz": other})
+	lp, lvm, err := urlPod(ctx, t, c, "netns-cached-other", liar.url("/disk.qcow2.gz"), digestOf(disk))
+	if err == nil {
+		t.Errorf("a pod got the cached disk from %s, which serves other bytes", liar.url("/disk.qcow2.gz"))
+	} else {
+		t.Logf("netns-cached-other: refused: %v", err)
+		msg := err.Error()
+		for _, w := range []string{"disk-url " + liar.url("/disk.qcow2.gz"), "sha256 is " + digestOf(other), "want " + digestOf(disk)} {
+			if !strings.Contains(msg, w) {
+				t.Errorf("netns-cached-other: want the error to contain %q", w)
+			}
+		}
+		if strings.Contains(msg, "\n") {
+			t.Errorf("netns-cached-other: the error is not one line")
+		}
+	}
+	if r := liar.downloads("/disk.qcow2.gz"); len(r) == 0 || !r[0].full {
+		t.Errorf("the other server's log %+v, want a whole download", liar.requests("/disk.qcow2.gz"))
+	}
+	if lvm != nil {
+		c.runtime.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: lvm.id})
+	}
+	lp.remove(t)
+	if lvm != nil {
+		assertNothingLeftCRI(t, lvm.id)
+	}
 	p.remove(t)
 	assertNothingLeftCRI(t, vm.id)
 }
