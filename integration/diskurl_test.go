@@ -380,8 +380,11 @@ func TestDiskURLPointerImage(t *testing.T) {
 	if st := vm.waitExited(ctx, t); st.ExitCode != 0 {
 		t.Errorf("exit %d, want 0", st.ExitCode)
 	}
-	if reqs := s.requests("/poweroff.qcow2"); len(reqs) != 1 || !reqs[0].full {
-		t.Errorf("server log %+v, want one full download", reqs)
+	// The disk may be in the node's cache already, for other URLs: then
+	// this URL, new to the cache, answers a one-byte request and serves
+	// the disk in full once, to show it serves the same bytes.
+	if dl := s.downloads("/poweroff.qcow2"); len(dl) != 1 || !dl[0].full {
+		t.Errorf("server log %+v, want one full download", s.requests("/poweroff.qcow2"))
 	}
 	p.remove(t)
 	assertNothingLeftCRI(t, vm.id)
