@@ -385,11 +385,13 @@ func (c *v1Cgroup) join() (func() bool, error) {
 	}
 	tid := unix.Gettid()
 	ways, ok := c.waysBack(orig)
-	back := func() bool { return rejoin(tid, ways) && ok }
 	if !ok {
-		back()
+		for _, f := range ways {
+			f.Close()
+		}
 		return nil, cgroupError("join", c.path, fmt.Errorf("the shim's own cgroups cannot be opened"), errdefs.ErrUnknown)
 	}
+	back := func() bool { return rejoin(tid, ways) }
 	if err := c.cg.AddTask(cgroup1.Process{Pid: tid}); err != nil {
 		back()
 		return nil, cgroupError("join", c.path, err, errdefs.ErrUnknown)
