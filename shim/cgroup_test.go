@@ -528,8 +528,10 @@ func skipCgroupUnlessRoot(t *testing.T, reason string) {
 	}
 }
 
-// TestCgroupV1Real runs against this machine's cgroup v1 hierarchies.
-func TestCgroupV1Real(t *testing.T) {
+// skipUnlessCgroupV1 skips a test that creates cgroups on this machine's
+// cgroup v1 hierarchies unless it runs as root on a v1 host.
+func skipUnlessCgroupV1(t *testing.T) {
+	t.Helper()
 	skipCgroupUnlessRoot(t, "creates cgroups")
 	if _, err := os.Stat("/sys/fs/cgroup/memory/memory.limit_in_bytes"); err != nil {
 		t.Skip("no cgroup v1 memory hierarchy")
@@ -537,6 +539,11 @@ func TestCgroupV1Real(t *testing.T) {
 	if m := cgroups.Mode(); m != cgroups.Legacy && m != cgroups.Hybrid {
 		t.Skip("not a cgroup v1 host")
 	}
+}
+
+// TestCgroupV1Real runs against this machine's cgroup v1 hierarchies.
+func TestCgroupV1Real(t *testing.T) {
+	skipUnlessCgroupV1(t)
 	ctx := context.Background()
 	parent := fmt.Sprintf("/vmshim-test-%08x", rand.Uint32())
 	path := parent + "/task1"

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/containerd/cgroups/v3"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -57,20 +56,6 @@ func TestShimCgroupPath(t *testing.T) {
 			}
 		})
 	}
-}
-
-// startSleeper starts a process that waits, and ends it when the test does.
-func startSleeper(t *testing.T) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command("sleep", "600")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	return cmd
 }
 
 // checkShimCgroupFile checks what the bundle's shimCgroupFile names ("" for no file).
@@ -222,13 +207,7 @@ func TestShimCgroupSystemd(t *testing.T) {
 // shim, on this machine's cgroup v1 hierarchies, and checks that its
 // memory cgroup is inside the pod's from the start, then removes it.
 func TestShimCgroupV1Real(t *testing.T) {
-	skipCgroupUnlessRoot(t, "creates cgroups")
-	if _, err := os.Stat("/sys/fs/cgroup/memory/memory.limit_in_bytes"); err != nil {
-		t.Skip("no cgroup v1 memory hierarchy")
-	}
-	if m := cgroups.Mode(); m != cgroups.Legacy && m != cgroups.Hybrid {
-		t.Skip("not a cgroup v1 host")
-	}
+	skipUnlessCgroupV1(t)
 	ctx := context.Background()
 	h := defaultCgroupHost()
 	pod := fmt.Sprintf("/vmshimt%08x/pod1", rand.Uint32())
@@ -319,7 +298,7 @@ func TestOOMKillCount(t *testing.T) {
 }
 
 func TestRaiseOOMScoreAdj(t *testing.T) {
-	cmd := startSleeper(t)
+	cmd := startSleep(t)
 	pid := cmd.Process.Pid
 	file := fmt.Sprintf("/proc/%d/oom_score_adj", pid)
 	if err := os.WriteFile(file, []byte("100"), 0); err != nil {
