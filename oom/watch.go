@@ -1,5 +1,6 @@
-// Package oom watches a memory cgroup and reports each time the kernel's
-// OOM killer acts in it.
+// Package oom is the kernel's OOM killer as the shim meets it: it watches
+// a memory cgroup and reports each time the killer acts in it, and sets
+// how likely a process is to be its victim (oom_score_adj).
 //
 // On cgroup v2 it watches memory.events with inotify and reads its oom_kill
 // counter. On cgroup v1 it registers an eventfd for memory.oom_control

@@ -18,7 +18,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"github.com/vmshim/vmshim/qemu"
+	"github.com/vmshim/vmshim/launch"
 )
 
 const (
@@ -49,7 +49,7 @@ type execProcess struct {
 	id, taskID string
 	args, env  []string
 	stdio      stdio
-	agent      GuestAgent
+	agent      launch.GuestAgent
 	tty        *ttySession // nil without a terminal
 	pub        publish
 	ctx        context.Context
@@ -68,7 +68,7 @@ type execProcess struct {
 }
 
 // newExec validates an exec's process spec (JSON, as containerd sends it).
-func newExec(ctx context.Context, taskID, id string, spec []byte, io stdio, agent GuestAgent, pub publish) (*execProcess, error) {
+func newExec(ctx context.Context, taskID, id string, spec []byte, io stdio, agent launch.GuestAgent, pub publish) (*execProcess, error) {
 	var p specs.Process
 	if err := json.Unmarshal(spec, &p); err != nil {
 		return nil, fmt.Errorf("exec %s: process spec: %w", id, errdefs.ErrInvalidArgument)
@@ -97,7 +97,7 @@ func newExec(ctx context.Context, taskID, id string, spec []byte, io stdio, agen
 
 // withTerminal gives the exec a terminal session, if its guest can.
 func (e *execProcess) withTerminal() error {
-	guest, ok := e.agent.(TerminalGuest)
+	guest, ok := e.agent.(launch.TerminalGuest)
 	if !ok {
 		return fmt.Errorf("exec %s: a terminal (tty) is not supported by this guest; exec without -t: %w", e.id, errdefs.ErrNotImplemented)
 	}
@@ -196,8 +196,8 @@ func (e *execProcess) transition(to state) error {
 }
 
 // command is the agent's command for the program, with input as stdin.
-func (e *execProcess) command(input []byte) qemu.GuestCommand {
-	return qemu.GuestCommand{Path: e.args[0], Args: e.args[1:], Env: e.env, Input: input}
+func (e *execProcess) command(input []byte) launch.GuestCommand {
+	return launch.GuestCommand{Path: e.args[0], Args: e.args[1:], Env: e.env, Input: input}
 }
 
 // runWithInput reads stdin to its end, then runs the program with it.
@@ -205,14 +205,14 @@ func (e *execProcess) runWithInput() {
 	input, err := e.readInput()
 	if err != nil {
 		log.G(e.ctx).WithError(err).WithFields(log.Fields{"id": e.taskID, "exec_id": e.id}).Warn("exec stdin")
-		e.finish(qemu.GuestExecStatus{Exited: true, ExitCode: 255, Stderr: []byte(err.Error() + "\n")})
+		e.finish(launch.GuestExecStatus{Exited: true, ExitCode: 255, Stderr: []byte(err.Error() + "\n")})
 		return
 	}
 	cctx, cancel := context.WithTimeout(e.ctx, agentCallTimeout)
 	pid, err := e.agent.Exec(cctx, e.command(input))
 	cancel()
 	if err != nil {
-		e.finish(qemu.GuestExecStatus{Exited: true, ExitCode: 255, Stderr: []byte(err.Error() + "\n")})
+		e.finish(launch.GuestExecStatus{Exited: true, ExitCode: 255, Stderr: []byte(err.Error() + "\n")})
 		return
 	}
 	e.mu.Lock()
@@ -273,7 +273,7 @@ func (e *execProcess) poll(pid int) {
 			logger.WithError(err).Debug("exec status")
 			if failures >= statusRetries {
 				logger.WithError(err).Warn("guest agent lost the exec; ending it")
-				e.finish(qemu.GuestExecStatus{Exited: true, ExitCode: 255})
+				e.finish(launch.GuestExecStatus{Exited: true, ExitCode: 255})
 				return
 			}
 		case st.Exited:
@@ -289,7 +289,7 @@ func (e *execProcess) poll(pid int) {
 // finish writes the program's output, or ends its terminal session, and
 // records its exit, once. The output is written only for an exec that
 // started, within outputTimeout or until dropOutput.
-func (e *execProcess) finish(st qemu.GuestExecStatus) {
+func (e *execProcess) finish(st launch.GuestExecStatus) {
 	started, ok := e.claim()
 	if !ok {
 		return
@@ -381,7 +381,7 @@ func (e *execProcess) kill(ctx context.Context, sig uint32) error {
 		return nil
 	case pid == 0:
 		// Not started, or waiting for stdin: nothing runs in the guest yet.
-		go e.finish(qemu.GuestExecStatus{Exited: true, ExitCode: 128 + int(sig)})
+		go e.finish(launch.GuestExecStatus{Exited: true, ExitCode: 128 + int(sig)})
 		return nil
 	}
 	return e.signalGuest(ctx, syscall.Signal(sig), pid)
@@ -390,7 +390,7 @@ func (e *execProcess) kill(ctx context.Context, sig uint32) error {
 // killNow sends SIGKILL to the program in the background and ends the exec
 // once the guest reports the program's end or killGrace has passed.
 func (e *execProcess) killNow(ctx context.Context, pid int) {
-	killed := qemu.GuestExecStatus{Exited: true, ExitCode: 128 + int(unix.SIGKILL)}
+	killed := launch.GuestExecStatus{Exited: true, ExitCode: 128 + int(unix.SIGKILL)}
 	if pid == 0 {
 		go e.finish(killed)
 		return
@@ -420,7 +420,7 @@ func (e *execProcess) signalGuest(ctx context.Context, sig syscall.Signal, pid i
 	}
 	ctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
 	defer cancel()
-	_, err := e.agent.Exec(ctx, qemu.GuestCommand{Path: "kill", Args: []string{"-" + strconv.Itoa(int(sig)), strconv.Itoa(pid)}})
+	_, err := e.agent.Exec(ctx, launch.GuestCommand{Path: "kill", Args: []string{"-" + strconv.Itoa(int(sig)), strconv.Itoa(pid)}})
 	if err != nil {
 		return fmt.Errorf("signal exec %s: %w", e.id, err)
 	}
@@ -433,7 +433,7 @@ func (e *execProcess) vmGone() {
 	if e.tty != nil {
 		e.tty.markVMGone()
 	}
-	e.finish(qemu.GuestExecStatus{Exited: true, ExitCode: 128 + int(unix.SIGKILL)})
+	e.finish(launch.GuestExecStatus{Exited: true, ExitCode: 128 + int(unix.SIGKILL)})
 }
 
 // endExecs ends the execs of a VM that has stopped and returns once each

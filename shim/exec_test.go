@@ -20,6 +20,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/vmshim/vmshim/launch"
 	"github.com/vmshim/vmshim/qemu"
 )
 
@@ -31,10 +32,10 @@ import (
 // terminal ports (see fakePort).
 type fakeAgent struct {
 	mu       sync.Mutex // guards everything below
-	results  map[string]qemu.GuestExecStatus
+	results  map[string]launch.GuestExecStatus
 	pending  map[int]string // pid → program still running
 	next     int
-	commands []qemu.GuestCommand
+	commands []launch.GuestCommand
 	hang     map[string]bool  // programs that never end
 	err      error            // returned by every call when set
 	fail     map[string]error // returned by the calls of a name
@@ -52,14 +53,14 @@ type fakeAgent struct {
 // newFakeAgent returns an agent with nothing scripted.
 func newFakeAgent() *fakeAgent {
 	return &fakeAgent{
-		results: map[string]qemu.GuestExecStatus{}, pending: map[int]string{}, hang: map[string]bool{},
+		results: map[string]launch.GuestExecStatus{}, pending: map[int]string{}, hang: map[string]bool{},
 		fail: map[string]error{}, next: 100,
 	}
 }
 
 // programOf names a command for scripting: a helper script run with
 // `sh -c SCRIPT NAME ...` by its NAME ($0), anything else by its path.
-func programOf(c qemu.GuestCommand) string {
+func programOf(c launch.GuestCommand) string {
 	if c.Path == guestShell && len(c.Args) > 2 && c.Args[0] == "-c" {
 		return c.Args[2]
 	}
@@ -69,10 +70,10 @@ func programOf(c qemu.GuestCommand) string {
 // agentCall is one call to the fake agent, as the test sees it when the
 // agent holds it.
 type agentCall struct {
-	name   string            // "exec", "status", "ping", "addport" or "removeport"
-	cmd    qemu.GuestCommand // exec's command
-	pid    int               // status's pid
-	port   string            // addport's and removeport's port
+	name   string              // "exec", "status", "ping", "addport" or "removeport"
+	cmd    launch.GuestCommand // exec's command
+	pid    int                 // status's pid
+	port   string              // addport's and removeport's port
 	answer chan error
 }
 
@@ -130,7 +131,7 @@ func (a *fakeAgent) call(ctx context.Context, c *agentCall) error {
 }
 
 // Exec starts a scripted program and returns its pid.
-func (a *fakeAgent) Exec(ctx context.Context, c qemu.GuestCommand) (int, error) {
+func (a *fakeAgent) Exec(ctx context.Context, c launch.GuestCommand) (int, error) {
 	if err := a.call(ctx, &agentCall{name: "exec", cmd: c}); err != nil {
 		return 0, err
 	}
@@ -148,18 +149,18 @@ func (a *fakeAgent) Exec(ctx context.Context, c qemu.GuestCommand) (int, error) 
 }
 
 // ExecStatus reports a program's scripted outcome, or that it runs.
-func (a *fakeAgent) ExecStatus(ctx context.Context, pid int) (qemu.GuestExecStatus, error) {
+func (a *fakeAgent) ExecStatus(ctx context.Context, pid int) (launch.GuestExecStatus, error) {
 	if err := a.call(ctx, &agentCall{name: "status", pid: pid}); err != nil {
-		return qemu.GuestExecStatus{}, err
+		return launch.GuestExecStatus{}, err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	prog, ok := a.pending[pid]
 	if !ok {
-		return qemu.GuestExecStatus{}, fmt.Errorf("pid %d: %w", pid, errdefs.ErrNotFound)
+		return launch.GuestExecStatus{}, fmt.Errorf("pid %d: %w", pid, errdefs.ErrNotFound)
 	}
 	if a.hang[prog] {
-		return qemu.GuestExecStatus{}, nil
+		return launch.GuestExecStatus{}, nil
 	}
 	st := a.results[prog]
 	st.Exited = true
@@ -168,7 +169,7 @@ func (a *fakeAgent) ExecStatus(ctx context.Context, pid int) (qemu.GuestExecStat
 }
 
 // end makes the running and later copies of prog end with st.
-func (a *fakeAgent) end(prog string, st qemu.GuestExecStatus) {
+func (a *fakeAgent) end(prog string, st launch.GuestExecStatus) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.results[prog] = st
@@ -176,8 +177,8 @@ func (a *fakeAgent) end(prog string, st qemu.GuestExecStatus) {
 }
 
 // ran returns the commands run so far of program prog.
-func (a *fakeAgent) ran(prog string) []qemu.GuestCommand {
-	var out []qemu.GuestCommand
+func (a *fakeAgent) ran(prog string) []launch.GuestCommand {
+	var out []launch.GuestCommand
 	for _, c := range a.commandList() {
 		if programOf(c) == prog {
 			out = append(out, c)
@@ -191,10 +192,10 @@ func (a *fakeAgent) Ping(ctx context.Context) error {
 	return a.call(ctx, &agentCall{name: "ping"})
 }
 
-func (a *fakeAgent) commandList() []qemu.GuestCommand {
+func (a *fakeAgent) commandList() []launch.GuestCommand {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return append([]qemu.GuestCommand(nil), a.commands...)
+	return append([]launch.GuestCommand(nil), a.commands...)
 }
 
 // processSpec is an exec's process as containerd sends it.
@@ -208,7 +209,7 @@ func processSpec(t *testing.T, p specs.Process) *anypb.Any {
 }
 
 // execVM starts task vm1 whose guest has the given agent.
-func execVM(t *testing.T, agent GuestAgent) (*service, *fakePublisher, *fakeVM) {
+func execVM(t *testing.T, agent launch.GuestAgent) (*service, *fakePublisher, *fakeVM) {
 	t.Helper()
 	s, l, p, _ := newService(t)
 	running(t, s, p, "vm1")
@@ -239,7 +240,7 @@ func readFifo(t *testing.T, ch <-chan *os.File) <-chan string {
 
 func TestExecRunsInGuest(t *testing.T) {
 	agent := newFakeAgent()
-	agent.results["sh"] = qemu.GuestExecStatus{ExitCode: 3, Stdout: []byte("out\n"), Stderr: []byte("err\n")}
+	agent.results["sh"] = launch.GuestExecStatus{ExitCode: 3, Stdout: []byte("out\n"), Stderr: []byte("err\n")}
 	s, p, _ := execVM(t, agent)
 	ctx := context.Background()
 	stdout, stderr := mkfifo(t, "out"), mkfifo(t, "err")
@@ -298,13 +299,13 @@ func TestExecRunsInGuest(t *testing.T) {
 }
 
 // plainAgent is a guest agent whose VM cannot add terminal ports.
-type plainAgent struct{ GuestAgent }
+type plainAgent struct{ launch.GuestAgent }
 
 func TestExecRefused(t *testing.T) {
 	noAgent := qemu.ErrNoAgent
 	tests := []struct {
 		name    string
-		agent   GuestAgent
+		agent   launch.GuestAgent
 		proc    specs.Process
 		atStart bool // the error comes from Start, not Exec
 		class   string
@@ -319,7 +320,7 @@ func TestExecRefused(t *testing.T) {
 			class: "InvalidArgument", is: errdefs.IsInvalidArgument, text: "no command"},
 		{name: "no agent channel", agent: nil, proc: specs.Process{Args: []string{"true"}},
 			class: "FailedPrecondition", is: errdefs.IsFailedPrecondition, text: "no guest"},
-		{name: "agent not running", agent: &fakeAgent{err: noAgent, results: map[string]qemu.GuestExecStatus{}, pending: map[int]string{}},
+		{name: "agent not running", agent: &fakeAgent{err: noAgent, results: map[string]launch.GuestExecStatus{}, pending: map[int]string{}},
 			proc: specs.Process{Args: []string{"true"}}, atStart: true,
 			class: "FailedPrecondition", is: errdefs.IsFailedPrecondition, text: "no guest agent"},
 	}
@@ -399,7 +400,7 @@ func TestExecEndsWithVM(t *testing.T) {
 
 func TestExecStdin(t *testing.T) {
 	agent := newFakeAgent()
-	agent.results["cat"] = qemu.GuestExecStatus{Stdout: []byte("hello")}
+	agent.results["cat"] = launch.GuestExecStatus{Stdout: []byte("hello")}
 	s, _, _ := execVM(t, agent)
 	ctx := context.Background()
 	stdin := mkfifo(t, "in")

@@ -18,13 +18,12 @@ import (
 	"github.com/containerd/containerd/v2/pkg/shutdown"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
-	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/vmshim/vmshim/qemu"
+	"github.com/vmshim/vmshim/launch"
+	"github.com/vmshim/vmshim/logtest"
 )
 
 // waitTimeout bounds every wait in these tests; nothing should come close.
@@ -58,10 +57,10 @@ type fakeVM struct {
 	// onStart, when set, runs as Start succeeds: what the guest does as
 	// its vCPUs start. hooks are the VM's start hooks (nil: none).
 	onStart func()
-	hooks   StartHooks
+	hooks   launch.StartHooks
 	// agent is the guest agent (nil: none); stats what Stats returns;
 	// updates what Update was given.
-	agent   GuestAgent
+	agent   launch.GuestAgent
 	stats   proto.Message
 	updates []*specs.LinuxResources
 	// releaseErrs fail Release, one call each, in turn.
@@ -69,7 +68,7 @@ type fakeVM struct {
 	// oom counts OOM kills (nil: not watched); ioPause and ioChanged
 	// play QEMU's disk-error pause (see setIOPause).
 	oom       *fakeOOM
-	ioPause   *qemu.IOPause
+	ioPause   fmt.Stringer
 	ioChanged chan struct{}
 	// onExit, when set, runs as the VM exits, before Done is closed:
 	// what goes with QEMU (its ports).
@@ -112,7 +111,7 @@ func newFakeVM(pid int) *fakeVM {
 	return &fakeVM{pid: pid, host: host, guest: guest, done: make(chan struct{})}
 }
 
-var _ VM = (*fakeVM)(nil)
+var _ launch.VM = (*fakeVM)(nil)
 
 func (v *fakeVM) Pid() int { return v.pid }
 
@@ -200,13 +199,13 @@ func (v *fakeVM) Resume(ctx context.Context) error {
 
 func (v *fakeVM) Done() <-chan struct{} { return v.done }
 
-func (v *fakeVM) StartHooks() StartHooks {
+func (v *fakeVM) StartHooks() launch.StartHooks {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.hooks
 }
 
-func (v *fakeVM) GuestAgent() GuestAgent {
+func (v *fakeVM) GuestAgent() launch.GuestAgent {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.agent
@@ -250,7 +249,7 @@ func (v *fakeVM) Release(context.Context) error {
 	return nil
 }
 
-func (v *fakeVM) OOMKills() OOMCounter {
+func (v *fakeVM) OOMKills() launch.OOMCounter {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.oom == nil {
@@ -259,7 +258,7 @@ func (v *fakeVM) OOMKills() OOMCounter {
 	return v.oom
 }
 
-func (v *fakeVM) IOPause() (*qemu.IOPause, <-chan struct{}) {
+func (v *fakeVM) IOPause() (fmt.Stringer, <-chan struct{}) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.ioChanged == nil {
@@ -270,7 +269,7 @@ func (v *fakeVM) IOPause() (*qemu.IOPause, <-chan struct{}) {
 
 // setIOPause plays QEMU pausing the VM at a disk error (p), or running it
 // again (nil).
-func (v *fakeVM) setIOPause(p *qemu.IOPause) {
+func (v *fakeVM) setIOPause(p fmt.Stringer) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.ioPause = p
@@ -328,14 +327,14 @@ type fakeLauncher struct {
 	prepare func(*fakeVM)
 	next    int
 	vms     map[string]*fakeVM
-	reqs    []*CreateRequest
+	reqs    []*launch.Request
 }
 
 func newFakeLauncher() *fakeLauncher {
 	return &fakeLauncher{next: 1000, vms: make(map[string]*fakeVM)}
 }
 
-func (l *fakeLauncher) Launch(_ context.Context, r *CreateRequest) (VM, error) {
+func (l *fakeLauncher) Launch(_ context.Context, r *launch.Request) (launch.VM, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.reqs = append(l.reqs, r)
@@ -364,10 +363,10 @@ func (l *fakeLauncher) vm(t *testing.T, id string) *fakeVM {
 }
 
 // requests returns the launch requests so far.
-func (l *fakeLauncher) requests() []*CreateRequest {
+func (l *fakeLauncher) requests() []*launch.Request {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]*CreateRequest(nil), l.reqs...)
+	return append([]*launch.Request(nil), l.reqs...)
 }
 
 // exitAll ends every VM still running.
@@ -485,43 +484,11 @@ func (p *fakePublisher) all() []published {
 	return append([]published(nil), p.events...)
 }
 
-// testLogger returns a context whose logger prints nothing (goroutines
-// may still log after the test ends) and records warnings and errors.
-func testLogger(t *testing.T) (context.Context, *logRecorder) {
+// testLogger returns a context whose logger prints nothing and the
+// recorder of its warnings and errors.
+func testLogger(t *testing.T) (context.Context, *logtest.Recorder) {
 	t.Helper()
-	l := logrus.New()
-	l.SetOutput(io.Discard)
-	l.SetLevel(logrus.DebugLevel)
-	rec := &logRecorder{}
-	l.AddHook(rec)
-	return log.WithLogger(context.Background(), logrus.NewEntry(l)), rec
-}
-
-// logRecorder is a logrus hook that keeps warnings and errors.
-type logRecorder struct {
-	mu      sync.Mutex // guards entries
-	entries []string
-}
-
-func (r *logRecorder) Levels() []logrus.Level {
-	return []logrus.Level{logrus.PanicLevel, logrus.FatalLevel, logrus.ErrorLevel, logrus.WarnLevel}
-}
-
-func (r *logRecorder) Fire(e *logrus.Entry) error {
-	msg := e.Message
-	if err, ok := e.Data[logrus.ErrorKey]; ok {
-		msg = fmt.Sprintf("%s: %v", msg, err)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.entries = append(r.entries, msg)
-	return nil
-}
-
-func (r *logRecorder) warnings() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]string(nil), r.entries...)
+	return logtest.New()
 }
 
 // newService starts a task service with fakes, in namespace "test".
@@ -533,7 +500,7 @@ func newService(t *testing.T) (*service, *fakeLauncher, *fakePublisher, shutdown
 
 // newLoggedService is newService that also returns the service's
 // warnings and errors.
-func newLoggedService(t *testing.T) (*service, *fakeLauncher, *fakePublisher, shutdown.Service, *logRecorder) {
+func newLoggedService(t *testing.T) (*service, *fakeLauncher, *fakePublisher, shutdown.Service, *logtest.Recorder) {
 	t.Helper()
 	base, rec := testLogger(t)
 	ctx, sd := shutdown.WithShutdown(namespaces.WithNamespace(base, "test"))

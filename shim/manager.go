@@ -23,6 +23,10 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/vmshim/vmshim/config"
+	"github.com/vmshim/vmshim/launch"
+	"github.com/vmshim/vmshim/oom"
 )
 
 // manager implements the shim binary's start and delete actions.
@@ -46,7 +50,7 @@ func (m manager) Start(ctx context.Context, params *bootapi.BootstrapParams) (_ 
 	if err != nil {
 		return nil, err
 	}
-	spec, err := readSpec(".") // the working directory is the bundle
+	spec, err := config.ReadSpec(".") // the working directory is the bundle
 	if err != nil {
 		return nil, err
 	}
@@ -135,16 +139,8 @@ func startShim(ctx context.Context, cmd *exec.Cmd, id, bundle string, spec *spec
 		}
 		return nil
 	}
-	cg, err := newShimCgroup(ctx, defaultCgroupHost(), bundle, raw)
-	if err != nil {
-		return fmt.Errorf("the shim's cgroup in the pod's: %w", err)
-	}
-	if err := cg.start(cmd); err != nil {
-		if cmd.Process != nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-		return errors.Join(fmt.Errorf("start shim process in cgroup %s: %w", raw, err), cg.remove())
+	if err := shimCgroups().StartShim(ctx, bundle, raw, cmd); err != nil {
+		return fmt.Errorf("start shim process in cgroup %s: %w", raw, err)
 	}
 	log.G(ctx).WithFields(log.Fields{"cgroup": raw, "pid": cmd.Process.Pid}).Debug("shim runs in the pod's cgroup")
 	return nil
@@ -173,7 +169,7 @@ func listen(address string) (*net.UnixListener, error) {
 // groupOf returns the shim group task id, whose spec is given, belongs
 // to: its pod sandbox's, or its own.
 func groupOf(id string, spec *specs.Spec) string {
-	if g := spec.Annotations[sandboxIDAnnotation]; g != "" {
+	if g := config.SandboxID(spec); g != "" {
 		return g
 	}
 	return id
@@ -191,22 +187,22 @@ func (m manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	// A pod sandbox's bundle names the cgroup its shim ran in; the shim
 	// is gone (it crashed, or was OOM-killed there), so it can go.
 	defer func() {
-		if err := removeShimCgroup(ctx, defaultCgroupHost(), bundle); err != nil {
+		if err := shimCgroups().RemoveShim(ctx, bundle); err != nil {
 			log.G(ctx).WithError(err).WithField("id", id).Warn("remove the shim's cgroup")
 		}
 	}()
-	rec, err := readRecord(bundle)
+	rec, err := launch.ReadRecord(bundle)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		log.G(ctx).WithError(err).WithField("id", id).Warn("read task record")
 	}
 	// The CRI says OOMKilled only when told: a shim killed by the
 	// pod's memory limit ends the pod's VM for that reason.
-	publishOOM(ctx, shimOOMKilledTasks(ctx, defaultCgroupHost(), bundle, id, rec))
+	publishOOM(ctx, shimOOMKilledTasks(ctx, bundle, id, rec, func(raw string) uint64 { return shimCgroups().OOMKills(ctx, raw) }))
 	if rec == nil {
 		return status, nil
 	}
 	status.Pid = rec.Pid
-	if err := rec.release(ctx); err != nil {
+	if err := rec.Release(ctx); err != nil {
 		// The record keeps what is left, for the next delete.
 		log.G(ctx).WithError(err).WithField("id", id).Warn("delete action")
 	}
@@ -257,4 +253,13 @@ func (m manager) Info(ctx context.Context, _ io.Reader) (*types.RuntimeInfo, err
 		Name:    m.name,
 		Version: &types.RuntimeVersion{Version: Version, Revision: Revision},
 	}, nil
+}
+
+// raiseOOMScoreAdj raises pid's oom_score_adj to the spec's, never
+// lowering it (see oom.RaiseScoreAdj).
+func raiseOOMScoreAdj(pid int, spec *specs.Spec) error {
+	if spec.Process == nil {
+		return nil
+	}
+	return oom.RaiseScoreAdj(pid, spec.Process.OOMScoreAdj)
 }

@@ -15,7 +15,8 @@ import (
 	"github.com/containerd/containerd/v2/core/runtime"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/vmshim/vmshim/qemu"
+	"github.com/vmshim/vmshim/launch"
+	"github.com/vmshim/vmshim/logtest"
 )
 
 // The order tests check the event order containerd's runc shim
@@ -109,13 +110,13 @@ func misplaced(seen map[string]int, topic, exec string) string {
 
 // drained shuts the service down once it serves no task and returns
 // every event it published; none may have been dropped.
-func drained(t *testing.T, s *service, p *fakePublisher, rec *logRecorder) []published {
+func drained(t *testing.T, s *service, p *fakePublisher, rec *logtest.Recorder) []published {
 	t.Helper()
 	if _, err := s.Shutdown(context.Background(), &taskAPI.ShutdownRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	p.waitUntil(t, "publisher close", func() bool { return p.closed })
-	for _, w := range rec.warnings() {
+	for _, w := range rec.Warnings() {
 		if strings.Contains(w, "event after shutdown dropped") {
 			t.Errorf("an event came after the task was deleted: %s", w)
 		}
@@ -156,10 +157,10 @@ type exitInPoststart struct {
 }
 
 // beforeStart does nothing.
-func (h *exitInPoststart) beforeStart(context.Context) error { return nil }
+func (h *exitInPoststart) BeforeStart(context.Context) error { return nil }
 
 // afterStart ends the VM and waits for the task to queue its exit.
-func (h *exitInPoststart) afterStart(context.Context) {
+func (h *exitInPoststart) AfterStart(context.Context) {
 	h.vm.exit(0)
 	if !closedWithin(h.tk().exited) {
 		h.t.Error("the task's exit waited for its poststart hooks")
@@ -314,7 +315,7 @@ func pendingPause(t *testing.T, s *service, vm *fakeVM) <-chan error {
 // exit, the init's and TaskDelete follow in that order.
 func TestOrderExecOutputHoldsInitExit(t *testing.T) {
 	agent := newFakeAgent()
-	agent.results["sh"] = qemu.GuestExecStatus{ExitCode: 3, Stdout: []byte("out\n")}
+	agent.results["sh"] = launch.GuestExecStatus{ExitCode: 3, Stdout: []byte("out\n")}
 	s, l, p, _, rec := newLoggedService(t)
 	ctx := context.Background()
 	running(t, s, p, "vm1")
@@ -385,7 +386,7 @@ func TestOrderExecOutputHoldsInitExit(t *testing.T) {
 // poll comes; the agent answers the execs' calls out of order.
 func TestOrderExecStartRacesExit(t *testing.T) {
 	agent := newFakeAgent()
-	agent.results["true"] = qemu.GuestExecStatus{}
+	agent.results["true"] = launch.GuestExecStatus{}
 	s, p, _ := execVM(t, agent)
 	ctx := context.Background()
 	held := agent.holdCalls(nil)

@@ -278,3 +278,13 @@ func TestOutputLoggerStubborn(t *testing.T) {
 		})
 	}
 }
+
+// writeScript writes an executable shell script called name into dir.
+func writeScript(t *testing.T, dir, name, body string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}

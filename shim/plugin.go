@@ -6,6 +6,8 @@ import (
 	"github.com/containerd/containerd/v2/plugins"
 	"github.com/containerd/plugin"
 	"github.com/containerd/plugin/registry"
+
+	"github.com/vmshim/vmshim/launch"
 )
 
 // RuntimeName is the runtime type containerd knows this shim by.
@@ -26,7 +28,7 @@ func Register() {
 			if err != nil {
 				return nil, err
 			}
-			return NewTaskService(ic.Context, pp.(shim.Publisher), ss.(shutdown.Service), NewLauncher(ic.Properties[plugins.PropertyGRPCAddress]))
+			return NewTaskService(ic.Context, pp.(shim.Publisher), ss.(shutdown.Service), launch.NewLauncher(ic.Properties[plugins.PropertyGRPCAddress]))
 		},
 	})
 }

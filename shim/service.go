@@ -24,6 +24,9 @@ import (
 	"github.com/containerd/typeurl/v2"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/vmshim/vmshim/cgroup"
+	"github.com/vmshim/vmshim/launch"
 )
 
 var _ shim.TTRPCService = (*service)(nil)
@@ -36,7 +39,7 @@ const publishTimeout = 5 * time.Second
 // and maps the error once.
 type service struct {
 	ctx      context.Context
-	launcher Launcher
+	launcher launch.Launcher
 	shutdown shutdown.Service
 
 	evMu     sync.Mutex // guards queue and evClosed; a leaf: nothing else is locked under it
@@ -55,7 +58,7 @@ type service struct {
 
 // NewTaskService returns the task service; it publishes events until the
 // shim shuts down.
-func NewTaskService(ctx context.Context, publisher shim.Publisher, sd shutdown.Service, l Launcher) (taskAPI.TTRPCTaskService, error) {
+func NewTaskService(ctx context.Context, publisher shim.Publisher, sd shutdown.Service, l launch.Launcher) (taskAPI.TTRPCTaskService, error) {
 	s := &service{
 		ctx:      ctx,
 		launcher: l,
@@ -70,7 +73,7 @@ func NewTaskService(ctx context.Context, publisher shim.Publisher, sd shutdown.S
 	// The start action put the shim of a CRI pod in a cgroup of its own,
 	// inside the pod's, and named it in the bundle (the working
 	// directory), which containerd may remove before the shim ends.
-	if raw, err := readShimCgroup("."); err != nil {
+	if raw, err := cgroup.ReadShim("."); err != nil {
 		log.G(ctx).WithError(err).Warn("the shim's cgroup is not removed at shutdown")
 	} else if raw != "" {
 		s.cgroup = raw
@@ -103,7 +106,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 		delete(s.creating, r.ID)
 		s.mu.Unlock()
 	}()
-	req := &CreateRequest{ID: r.ID, Bundle: r.Bundle, Rootfs: mount.FromProto(r.Rootfs)}
+	req := &launch.Request{ID: r.ID, Bundle: r.Bundle, Rootfs: mount.FromProto(r.Rootfs)}
 	if r.Options != nil {
 		req.Options = r.Options
 	}
@@ -412,7 +415,7 @@ func (s *service) leaveCgroup() {
 		if s.cgroup == "" {
 			return
 		}
-		if err := leaveShimCgroup(s.ctx, defaultCgroupHost(), s.cgroup); err != nil {
+		if err := shimCgroups().LeaveShim(s.ctx, s.cgroup); err != nil {
 			log.G(s.ctx).WithError(err).WithField("cgroup", s.cgroup).Warn("remove the shim's cgroup")
 		}
 	})

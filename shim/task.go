@@ -16,8 +16,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/vmshim/vmshim/launch"
 	"github.com/vmshim/vmshim/procmem"
-	"github.com/vmshim/vmshim/qemu"
 )
 
 // qmpTimeout bounds each QMP call the task makes: one that starts, stops
@@ -51,7 +51,7 @@ type task struct {
 	bundle string
 	pid    int // QEMU's
 	stdio  stdio
-	vm     VM
+	vm     launch.VM
 	cons   *console
 	pub    publish
 
@@ -69,7 +69,7 @@ type task struct {
 	oomSeen    uint64
 	exitQueued bool
 	// ioPause is the disk error that holds the VM paused, while one does.
-	ioPause *qemu.IOPause
+	ioPause fmt.Stringer
 
 	relMu    sync.Mutex    // serializes Release; guards released
 	released bool          // the VM's resources are all freed
@@ -78,7 +78,7 @@ type task struct {
 
 // newTask wraps a created VM whose console goes to out and whose events
 // go to pub. Once its TaskCreate is queued, watch starts following the VM.
-func newTask(ctx context.Context, id, bundle string, io stdio, out *output, vm VM, pub publish) *task {
+func newTask(ctx context.Context, id, bundle string, io stdio, out *output, vm launch.VM, pub publish) *task {
 	return &task{
 		id: id, bundle: bundle, pid: vm.Pid(), stdio: io, vm: vm, pub: pub,
 		cons:   newConsole(ctx, vm.Console(), io, out),
@@ -98,7 +98,7 @@ func (t *task) watch(ctx context.Context) {
 
 // followOOM reports each OOM kill in the VM's cgroup, until the watch or
 // the task ends.
-func (t *task) followOOM(ctx context.Context, c OOMCounter) {
+func (t *task) followOOM(ctx context.Context, c launch.OOMCounter) {
 	for {
 		select {
 		case _, ok := <-c.Events():
@@ -249,18 +249,18 @@ func (t *task) start(ctx context.Context) error {
 	hooks := t.vm.StartHooks()
 	if hooks != nil {
 		begin := time.Now()
-		if err := hooks.beforeStart(ctx); err != nil {
+		if err := hooks.BeforeStart(ctx); err != nil {
 			return fmt.Errorf("start vm %s: %w", t.id, err)
 		}
-		span(logger, "start hooks", begin)
+		launch.Span(logger, "start hooks", begin)
 	}
 	begin := time.Now()
 	if err := t.run(ctx); err != nil {
 		return err
 	}
-	span(logger, "cont", begin)
+	launch.Span(logger, "cont", begin)
 	if hooks != nil {
-		hooks.afterStart(ctx)
+		hooks.AfterStart(ctx)
 	}
 	go releaseSetupMemory(logger)
 	time.AfterFunc(releaseAgain, func() { releaseSetupMemory(logger) })

@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vmshim/vmshim/launch"
 )
 
 // hookedVM is a fakeVM with OCI-hook-like work around Start.
@@ -16,15 +18,15 @@ type hookedVM struct {
 	during    func() // called from beforeStart and afterStart
 }
 
-func (v *hookedVM) StartHooks() StartHooks { return v }
+func (v *hookedVM) StartHooks() launch.StartHooks { return v }
 
-func (v *hookedVM) beforeStart(context.Context) error {
+func (v *hookedVM) BeforeStart(context.Context) error {
 	v.record("beforeStart")
 	v.during()
 	return v.beforeErr
 }
 
-func (v *hookedVM) afterStart(context.Context) {
+func (v *hookedVM) AfterStart(context.Context) {
 	v.record("afterStart")
 	v.during()
 }

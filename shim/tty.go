@@ -15,7 +15,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
-	"github.com/vmshim/vmshim/qemu"
+	"github.com/vmshim/vmshim/launch"
 )
 
 const (
@@ -33,29 +33,6 @@ const (
 	// not be removed (its reads then never end on their own).
 	drainGrace = 200 * time.Millisecond
 )
-
-// TerminalGuest is a guest agent whose VM can also give an exec a
-// virtio-serial port of its own, the line of its terminal.
-type TerminalGuest interface {
-	GuestAgent
-	// AddPort hot-plugs a port for one terminal session.
-	AddPort(ctx context.Context) (GuestPort, error)
-}
-
-// GuestPort is a virtio-serial port hot-plugged for one terminal session
-// (see qemu.SerialPort).
-type GuestPort interface {
-	// Name is the port's name in the guest.
-	Name() string
-	// Conn is the host's end; reads end with EOF once the port is removed.
-	Conn() net.Conn
-	// Opened is closed once the guest has the port open; Gone once the
-	// VM has gone, and the port with it.
-	Opened() <-chan struct{}
-	Gone() <-chan struct{}
-	// Remove unplugs the port and removes its chardev.
-	Remove(ctx context.Context) error
-}
 
 // ttyState is where a terminal session is in its life.
 type ttyState int
@@ -93,7 +70,7 @@ func (s ttyState) next(to ttyState) error {
 // port, the port to stdout: a terminal has no stderr), sets the window
 // size, and removes the port when the program has ended.
 type ttySession struct {
-	guest   TerminalGuest
+	guest   launch.TerminalGuest
 	stdio   stdio
 	cmdline string   // what script runs (ttyCommandLine)
 	env     []string // the program's environment (ttyEnv)
@@ -112,19 +89,19 @@ type ttySession struct {
 
 	mu          sync.Mutex // guards everything below; never held across a call to the agent or QEMU
 	st          ttyState
-	port        GuestPort // set while open
-	pid         int       // script's guest pid, while open
-	size        winSize   // the latest size asked for
-	resized     bool      // a size has been asked for
-	applied     winSize   // the size the pty has
-	stdin       io.Closer // the stdin fifo while it is read
-	stdinClosed bool      // CloseIO came, or input ended
-	vmGone      bool      // the VM has gone: its ports went with it
+	port        launch.GuestPort // set while open
+	pid         int              // script's guest pid, while open
+	size        winSize          // the latest size asked for
+	resized     bool             // a size has been asked for
+	applied     winSize          // the size the pty has
+	stdin       io.Closer        // the stdin fifo while it is read
+	stdinClosed bool             // CloseIO came, or input ended
+	vmGone      bool             // the VM has gone: its ports went with it
 }
 
 // newTTYSession prepares the terminal of an exec; ctx ends its work,
 // outCtx its output.
-func newTTYSession(ctx, outCtx context.Context, logger *log.Entry, args, env []string, io stdio, guest TerminalGuest) (*ttySession, error) {
+func newTTYSession(ctx, outCtx context.Context, logger *log.Entry, args, env []string, io stdio, guest launch.TerminalGuest) (*ttySession, error) {
 	cmdline, err := ttyCommandLine(args, env)
 	if err != nil {
 		return nil, err
@@ -186,7 +163,7 @@ func (s *ttySession) open(ctx context.Context) (int, error) {
 // launch adds the port and starts the program on it; it returns what it
 // made, even on failure, for the caller to discard: the pid only while
 // the program may still run (an ended one's pid may be another's soon).
-func (s *ttySession) launch(ctx context.Context) (GuestPort, int, error) {
+func (s *ttySession) launch(ctx context.Context) (launch.GuestPort, int, error) {
 	actx, cancel := context.WithTimeout(ctx, qmpTimeout)
 	port, err := s.guest.AddPort(actx)
 	cancel()
@@ -211,7 +188,7 @@ func (s *ttySession) launch(ctx context.Context) (GuestPort, int, error) {
 // waitOpen waits until the guest has opened the port, within
 // openTimeout. Meanwhile it polls the program: ttyRunScript ends early,
 // with a message, when the guest lacks what it needs; ended reports that.
-func (s *ttySession) waitOpen(ctx context.Context, port GuestPort, pid int) (ended bool, err error) {
+func (s *ttySession) waitOpen(ctx context.Context, port launch.GuestPort, pid int) (ended bool, err error) {
 	wctx, cancel := context.WithTimeout(ctx, s.openTimeout)
 	defer cancel()
 	for interval := pollMin; ; interval = min(interval*2, pollMax) {
@@ -244,7 +221,7 @@ func (s *ttySession) waitOpen(ctx context.Context, port GuestPort, pid int) (end
 }
 
 // ttyStartError says why ttyRunScript ended before it opened the port.
-func ttyStartError(st qemu.GuestExecStatus) error {
+func ttyStartError(st launch.GuestExecStatus) error {
 	msg := guestMessage(st.Stderr)
 	switch {
 	case msg != "":
@@ -260,7 +237,7 @@ func ttyStartError(st qemu.GuestExecStatus) error {
 
 // discard undoes what a failed open made: it stops the program, if any,
 // and removes the port, each within its own deadline.
-func (s *ttySession) discard(port GuestPort, pid int) {
+func (s *ttySession) discard(port launch.GuestPort, pid int) {
 	ctx := context.WithoutCancel(s.outCtx)
 	if pid > 0 {
 		if err := s.signal(ctx, pid, unix.SIGKILL); err != nil {
@@ -355,7 +332,7 @@ func (s *ttySession) resizer(pid int) {
 
 // runHelper runs a helper program in the guest and waits for its end,
 // within helperTimeout; a non-zero exit is an error with its message.
-func (s *ttySession) runHelper(c qemu.GuestCommand) error {
+func (s *ttySession) runHelper(c launch.GuestCommand) error {
 	ctx, cancel := context.WithTimeout(s.ctx, helperTimeout)
 	defer cancel()
 	pid, err := s.guest.Exec(ctx, c)

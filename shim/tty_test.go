@@ -22,6 +22,7 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/vmshim/vmshim/launch"
 	"github.com/vmshim/vmshim/qemu"
 )
 
@@ -209,7 +210,7 @@ func TestTTYExec(t *testing.T) {
 		t.Errorf("resize %q, want %q", got, want)
 	}
 
-	agent.end(ttyRunName, qemu.GuestExecStatus{ExitCode: 7})
+	agent.end(ttyRunName, launch.GuestExecStatus{ExitCode: 7})
 	if code := waitExec(t, s, "e"); code != 7 {
 		t.Errorf("exit %d, want 7", code)
 	}
@@ -325,12 +326,12 @@ func TestTTYStartFails(t *testing.T) {
 	}{
 		{name: "no script", prepare: func(a *fakeAgent) {
 			a.openPorts = false
-			a.end(ttyRunName, qemu.GuestExecStatus{ExitCode: ttyNoScript,
+			a.end(ttyRunName, launch.GuestExecStatus{ExitCode: ttyNoScript,
 				Stderr: []byte("the guest has no util-linux script, which a terminal needs (install util-linux or bsdutils)\n")})
 		}, is: errdefs.IsFailedPrecondition, text: "no util-linux script", ports: 1},
 		{name: "no script, no message", prepare: func(a *fakeAgent) {
 			a.openPorts = false
-			a.end(ttyRunName, qemu.GuestExecStatus{ExitCode: ttyNoScript})
+			a.end(ttyRunName, launch.GuestExecStatus{ExitCode: ttyNoScript})
 		}, is: errdefs.IsFailedPrecondition, text: "no util-linux script", ports: 1},
 		{name: "port not added", prepare: func(a *fakeAgent) {
 			a.fail["addport"] = fmt.Errorf("qmp device_add: no free ports: %w", errdefs.ErrUnknown)
@@ -493,7 +494,7 @@ func TestTTYReordered(t *testing.T) {
 	}
 	resize := receive(t, held, "the resize")
 	agent.stopHolding()
-	agent.end(ttyRunName, qemu.GuestExecStatus{ExitCode: 3})
+	agent.end(ttyRunName, launch.GuestExecStatus{ExitCode: 3})
 	if code := waitExec(t, s, "e"); code != 3 {
 		t.Errorf("exit %d, want 3", code)
 	}
@@ -516,7 +517,7 @@ func TestTTYCleanup(t *testing.T) {
 	c := startShell(t, s, agent)
 	c.typeIn(t, "x")
 	c.out.waitFor(t, "x")
-	agent.end(ttyRunName, qemu.GuestExecStatus{})
+	agent.end(ttyRunName, launch.GuestExecStatus{})
 	waitExec(t, s, "e")
 	if _, err := s.Delete(context.Background(), &taskAPI.DeleteRequest{ID: "vm1", ExecID: "e"}); err != nil {
 		t.Fatal(err)
@@ -587,7 +588,7 @@ func TestTTYCallsHaveDeadlines(t *testing.T) {
 	}
 	c.stdin.Close()
 	waitFor(t, "the hangup", func() bool { return len(agent.ran(ttySignalName)) == 2 })
-	agent.end(ttyRunName, qemu.GuestExecStatus{})
+	agent.end(ttyRunName, launch.GuestExecStatus{})
 	waitExec(t, s, "e")
 	waitFor(t, "the port's removal", c.port.isRemoved)
 	agent.mu.Lock()
@@ -660,7 +661,7 @@ func pendingTTYRemove(t *testing.T, s *service, agent *fakeAgent) (*agentCall, <
 	agent.openPorts, agent.hang[ttyRunName] = true, true
 	startShell(t, s, agent)
 	return held(t, agent, "removeport", func() error {
-		agent.end(ttyRunName, qemu.GuestExecStatus{})
+		agent.end(ttyRunName, launch.GuestExecStatus{})
 		return nil
 	})
 }

@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vmshim/vmshim/launch"
 )
 
-var _ TerminalGuest = (*fakeAgent)(nil)
+var _ launch.TerminalGuest = (*fakeAgent)(nil)
 
 // fakePort is a terminal port of the fake agent's VM. The shim holds one
 // end of a socketpair (Conn); the test plays the guest on the other. Its
@@ -31,7 +33,7 @@ type fakePort struct {
 }
 
 // AddPort adds a port named as the VM would name it.
-func (a *fakeAgent) AddPort(ctx context.Context) (GuestPort, error) {
+func (a *fakeAgent) AddPort(ctx context.Context) (launch.GuestPort, error) {
 	a.mu.Lock()
 	name := "vmshim.tty." + strconv.Itoa(len(a.ports)+1)
 	a.mu.Unlock()

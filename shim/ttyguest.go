@@ -8,7 +8,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
-	"github.com/vmshim/vmshim/qemu"
+	"github.com/vmshim/vmshim/launch"
 )
 
 // The programs a terminal session runs in the guest, through the agent's
@@ -202,21 +202,21 @@ func ttyEnv(env []string) []string {
 }
 
 // ttyRunCommand runs ttyRunScript for the port and command line.
-func ttyRunCommand(port, cmdline string, env []string) qemu.GuestCommand {
-	return qemu.GuestCommand{Path: guestShell, Args: []string{"-c", ttyRunScript, ttyRunName, port, cmdline}, Env: env}
+func ttyRunCommand(port, cmdline string, env []string) launch.GuestCommand {
+	return launch.GuestCommand{Path: guestShell, Args: []string{"-c", ttyRunScript, ttyRunName, port, cmdline}, Env: env}
 }
 
 // ttyResizeCommand runs ttyResizeScript for script's pid.
-func ttyResizeCommand(pid int, w winSize) qemu.GuestCommand {
-	return qemu.GuestCommand{Path: guestShell, Env: []string{guestPath}, Args: []string{
+func ttyResizeCommand(pid int, w winSize) launch.GuestCommand {
+	return launch.GuestCommand{Path: guestShell, Env: []string{guestPath}, Args: []string{
 		"-c", ttyResizeScript, ttyResizeName, strconv.Itoa(pid),
 		strconv.FormatUint(uint64(w.rows), 10), strconv.FormatUint(uint64(w.cols), 10),
 	}}
 }
 
 // ttySignalCommand runs ttySignalScript for script's pid.
-func ttySignalCommand(pid int, sig syscall.Signal) qemu.GuestCommand {
-	return qemu.GuestCommand{Path: guestShell, Env: []string{guestPath}, Args: []string{
+func ttySignalCommand(pid int, sig syscall.Signal) launch.GuestCommand {
+	return launch.GuestCommand{Path: guestShell, Env: []string{guestPath}, Args: []string{
 		"-c", ttySignalScript, ttySignalName, strconv.Itoa(pid), strconv.Itoa(int(sig)),
 	}}
 }

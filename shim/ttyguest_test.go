@@ -9,7 +9,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
-	"github.com/vmshim/vmshim/qemu"
+	"github.com/vmshim/vmshim/launch"
 )
 
 // hostileArgs are arguments no shell may read as anything but text.
@@ -89,14 +89,14 @@ func TestTTYEnv(t *testing.T) {
 // becomes one printable line.
 func TestTTYStartError(t *testing.T) {
 	for _, tc := range []struct {
-		st   qemu.GuestExecStatus
+		st   launch.GuestExecStatus
 		want string
 	}{
-		{qemu.GuestExecStatus{ExitCode: ttyNoScript}, "no util-linux script"},
-		{qemu.GuestExecStatus{ExitCode: ttyNoPort}, "no virtio-serial port"},
-		{qemu.GuestExecStatus{ExitCode: 2}, "status 2"},
-		{qemu.GuestExecStatus{ExitCode: 127, Stderr: []byte("sh: \x1b[31mscript\x1b[0m:\nnot found\n")}, "sh: [31mscript [0m: not found"},
-		{qemu.GuestExecStatus{ExitCode: 1, Stderr: bytes.Repeat([]byte("é"), 300)}, strings.Repeat("é", maxMessage) + "..."},
+		{launch.GuestExecStatus{ExitCode: ttyNoScript}, "no util-linux script"},
+		{launch.GuestExecStatus{ExitCode: ttyNoPort}, "no virtio-serial port"},
+		{launch.GuestExecStatus{ExitCode: 2}, "status 2"},
+		{launch.GuestExecStatus{ExitCode: 127, Stderr: []byte("sh: \x1b[31mscript\x1b[0m:\nnot found\n")}, "sh: [31mscript [0m: not found"},
+		{launch.GuestExecStatus{ExitCode: 1, Stderr: bytes.Repeat([]byte("é"), 300)}, strings.Repeat("é", maxMessage) + "..."},
 	} {
 		err := ttyStartError(tc.st)
 		if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), tc.want) || strings.ContainsAny(err.Error(), "\n\x1b") {

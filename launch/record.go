@@ -1,0 +1,315 @@
+package launch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmshim/vmshim/config"
+	"github.com/vmshim/vmshim/image"
+	"github.com/vmshim/vmshim/jail"
+	"github.com/vmshim/vmshim/network"
+)
+
+// recordFile is the file in the bundle that lists what a task holds on
+// the host, written before each resource is created.
+const recordFile = "vmshim.json"
+
+// Record is everything needed to undo a task after the shim is gone: the
+// delete action rebuilds it from the bundle.
+type Record struct {
+	ID         string `json:"id"`
+	Bundle     string `json:"bundle"`
+	RuntimeDir string `json:"runtime_dir,omitempty"` // QMP socket and other runtime files
+	Rootfs     string `json:"rootfs,omitempty"`      // set while the shim holds the rootfs mounted
+	VMFiles    string `json:"vm_files,omitempty"`    // the rootfs in which the shim made the VM's files directory (image.FilesDirName)
+	JailOwner  string `json:"jail_owner,omitempty"`  // the owner of the jail id claim: namespace/id
+	JailID     uint32 `json:"jail_id,omitempty"`     // the VM's claimed jail uid and gid
+	Pod        string `json:"pod,omitempty"`         // the bundle of the pod sandbox whose VM this task may be (podState)
+	Pid        int    `json:"pid,omitempty"`         // the task's process: QEMU, or a sandbox's pause process
+	PidStart   uint64 `json:"pid_start,omitempty"`   // its start time in clock ticks, guards against pid reuse
+	Cgroup     string `json:"cgroup,omitempty"`      // the cgroup the task's process runs in (OCI cgroupsPath)
+
+	Network *network.State `json:"network,omitempty"` // what the pod netns looked like before it was wired
+
+	Netns     string                 `json:"netns,omitempty"`      // a network namespace the shim made for the task
+	CNI       *network.CNIAttachment `json:"cni,omitempty"`        // the cni_network attachment of Netns
+	Poststop  bool                   `json:"poststop,omitempty"`   // the spec's poststop hooks are still to run
+	HookNetns string                 `json:"hook_netns,omitempty"` // the VM's netns, as hooks were told
+
+	// Made is the undo stack: what the task has made on the host, oldest
+	// first, each named before it is made (see push). release undoes it
+	// newest first.
+	Made []string `json:"made,omitempty"`
+
+	net  *network.Network  // the pod network this process wired, torn down in place of Restore
+	undo map[string]undoer // what undoes each kind; nil for undoers (tests give their own)
+}
+
+// undoer undoes one thing a record names.
+type undoer func(context.Context, *Record) error
+
+// The things a record can name as made, each undone by its undoer.
+const (
+	madeJailID     = "jail-id"
+	madeRuntimeDir = "runtime-dir"
+	madePod        = "pod"
+	madeRootfs     = "rootfs"
+	madeVMFiles    = "vm-files"
+	madeNetns      = "netns"
+	madePoststop   = "poststop-hooks"
+	madeCNI        = "cni"
+	madeNetwork    = "network"
+	madeCgroup     = "cgroup"
+	madeProcess    = "process"
+)
+
+// undoers undo each thing a record names. Each is idempotent, and leaves
+// alone what is not the task's: it may run again after a crash, or after
+// it failed. The map is never changed.
+var undoers = map[string]undoer{
+	madeProcess: func(ctx context.Context, r *Record) error { return killProcess(ctx, r.Pid, r.PidStart) },
+	madeCgroup:  func(ctx context.Context, r *Record) error { return removeCgroup(ctx, r.Cgroup) },
+	madeNetwork: func(ctx context.Context, r *Record) error {
+		if r.net != nil {
+			return r.net.Teardown(ctx)
+		}
+		return network.Restore(ctx, r.Network)
+	},
+	madeCNI: func(ctx context.Context, r *Record) error { return r.CNI.Detach(ctx) },
+	madePoststop: func(ctx context.Context, r *Record) error {
+		r.runPoststop(ctx)
+		return nil
+	},
+	madeNetns:      func(_ context.Context, r *Record) error { return removeNetns(r.Netns) },
+	madeRuntimeDir: func(_ context.Context, r *Record) error { return os.RemoveAll(r.RuntimeDir) },
+	madeVMFiles:    func(_ context.Context, r *Record) error { return image.RemoveFilesDir(r.VMFiles) },
+	madePod:        func(_ context.Context, r *Record) error { return ReleasePod(r.Pod, r.ID) },
+	madeJailID:     releaseJailID,
+	madeRootfs:     func(_ context.Context, r *Record) error { return unmountRootfs(r.Rootfs) },
+}
+
+// push notes in the record that the task is about to make what kind
+// names (change fills in the fields its undoer reads) and saves the
+// record: the one place a record is written while a task is made. A
+// thing is pushed before it is made, so that after a crash at any point
+// release undoes it; the process, whose pid is known only once it runs,
+// is pushed just after.
+func (r *Record) push(kind string, change func(*Record)) error {
+	if _, ok := r.undoer(kind); !ok {
+		return fmt.Errorf("task record: nothing undoes %q", kind)
+	}
+	if change != nil {
+		change(r)
+	}
+	r.Made = append(r.Made, kind)
+	if err := r.save(); err != nil {
+		r.Made = r.Made[:len(r.Made)-1]
+		return err
+	}
+	return nil
+}
+
+// undoer is what undoes kind.
+func (r *Record) undoer(kind string) (undoer, bool) {
+	m := r.undo
+	if m == nil {
+		m = undoers
+	}
+	f, ok := m[kind]
+	return f, ok
+}
+
+// save writes the record atomically to the bundle.
+func (r *Record) save() error {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(r.Bundle, "."+recordFile)
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return fmt.Errorf("write task record: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(r.Bundle, recordFile)); err != nil {
+		return fmt.Errorf("write task record: %w", err)
+	}
+	return nil
+}
+
+// ReadRecord loads the record of the task whose bundle is given.
+func ReadRecord(bundle string) (*Record, error) {
+	data, err := os.ReadFile(filepath.Join(bundle, recordFile))
+	if err != nil {
+		return nil, err
+	}
+	var r Record
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("parse task record %s: %w", bundle, err)
+	}
+	r.Bundle = bundle
+	return &r, nil
+}
+
+// Release undoes what the record names, newest first, on every path that
+// ends a task: a failed create's rollback, Delete, and the delete action
+// after a crash. An undo that fails stays on the stack, and the record
+// stays in the bundle, so the next release finishes the job; the others go
+// on, and the record is saved after each, so nothing is undone twice.
+// release reports the failures, if any, as one error.
+func (r *Record) Release(ctx context.Context) error {
+	logger := log.G(ctx).WithField("id", r.ID)
+	stack := r.Made
+	if stack == nil {
+		stack = r.legacyStack()
+	}
+	var failed []string
+	var errs []error
+	for i := len(stack) - 1; i >= 0; i-- {
+		kind := stack[i]
+		undo, ok := r.undoer(kind)
+		if !ok {
+			logger.WithField("made", kind).Warn("task record names something this shim cannot undo; left as it is")
+			continue
+		}
+		if err := undo(ctx, r); err != nil {
+			logger.WithError(err).WithField("made", kind).Warn("undo")
+			failed = append([]string{kind}, failed...)
+			errs = append(errs, fmt.Errorf("%s: %w", kind, err))
+		}
+		r.Made = append(append([]string{}, stack[:i]...), failed...)
+		if i > 0 || len(failed) > 0 {
+			if err := r.save(); err != nil {
+				logger.WithError(err).Warn("save task record")
+			}
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("release task %s: %w", r.ID, errors.Join(errs...))
+	}
+	if err := os.Remove(filepath.Join(r.Bundle, recordFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove task record: %w", err)
+	}
+	return nil
+}
+
+// legacyStack is the undo stack of a record written without one: what its
+// fields name, in the order a task makes them.
+func (r *Record) legacyStack() []string {
+	var stack []string
+	for _, m := range []struct {
+		kind string
+		set  bool
+	}{
+		{madeJailID, r.JailID != 0}, {madeRuntimeDir, r.RuntimeDir != ""}, {madePod, r.Pod != ""},
+		{madeRootfs, r.Rootfs != ""}, {madeVMFiles, r.VMFiles != ""}, {madeNetns, r.Netns != ""},
+		{madePoststop, r.Poststop}, {madeCNI, r.CNI != nil}, {madeNetwork, r.Network != nil},
+		{madeCgroup, r.Cgroup != ""}, {madeProcess, r.Pid > 0},
+	} {
+		if m.set {
+			stack = append(stack, m.kind)
+		}
+	}
+	return stack
+}
+
+// unmountRootfs unmounts the rootfs the shim mounted, detaching it when a
+// plain unmount fails.
+func unmountRootfs(rootfs string) error {
+	if err := mount.UnmountRecursive(rootfs, 0); err != nil {
+		return mount.UnmountRecursive(rootfs, unix.MNT_DETACH)
+	}
+	return nil
+}
+
+// runPoststop runs the spec's poststop hooks once, after the VM and its
+// network are gone and before the namespace and the rootfs go.
+func (r *Record) runPoststop(ctx context.Context) {
+	spec, err := config.ReadSpec(r.Bundle)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("id", r.ID).Warn("poststop hooks not run")
+		return
+	}
+	newOCIHooks(r.ID, r.Bundle, spec, r.HookNetns).runAll(ctx, phasePoststop, specs.StateStopped, 0)
+	r.Poststop = false
+}
+
+// killProcess sends SIGKILL to pid if it is still the process that started
+// at the given time, and waits until it is gone.
+func killProcess(ctx context.Context, pid int, start uint64) error {
+	if st, err := processStart(pid); err != nil || (start != 0 && st != start) {
+		return nil // gone, or the pid now belongs to someone else
+	}
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		// A process that is not our child stays a zombie until its parent
+		// reaps it; count a zombie as gone.
+		if st, err := processState(pid); err != nil || st == 'Z' || st == 'X' {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("process %d still alive after SIGKILL: %w", pid, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// procStat returns the fields of /proc/PID/stat after the command name.
+func procStat(pid int) ([]string, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil, err
+	}
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return nil, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	fields := strings.Fields(string(data[i+1:]))
+	if len(fields) < 20 {
+		return nil, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	return fields, nil
+}
+
+// processStart returns a process's start time in clock ticks since boot.
+func processStart(pid int) (uint64, error) {
+	f, err := procStat(pid)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(f[19], 10, 64) // field 22 of stat
+}
+
+// processState returns a process's state letter (R, S, Z, ...).
+func processState(pid int) (byte, error) {
+	f, err := procStat(pid)
+	if err != nil {
+		return 0, err
+	}
+	return f[0][0], nil
+}
+
+// releaseJailID gives back the task's jail id once no process runs with
+// it: whatever a jailed program left behind (QEMU's or qemu-img's
+// children, should a namespace not have taken them) is killed first, so
+// that the VM that gets the id next inherits nothing.
+func releaseJailID(ctx context.Context, r *Record) error {
+	return jail.ReleaseEmpty(idsDir, r.JailID, r.JailOwner, func(id uint32, pids []int) {
+		log.G(ctx).WithFields(log.Fields{"id": r.ID, "jail_id": id, "pids": pids}).Warn("killed processes left with the vm's jail id")
+	})
+}
