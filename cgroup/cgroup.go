@@ -26,6 +26,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/vmshim/vmshim/thread"
 )
@@ -566,17 +567,15 @@ func (c *v2Cgroup) MemoryDir() string { return c.dir }
 // removeWithin retries remove until it succeeds or cgroupDeleteTimeout
 // passes, so processes that are exiting can leave first.
 func removeWithin(path string, remove func() error) error {
-	deadline := time.Now().Add(cgroupDeleteTimeout)
-	for {
-		err := remove()
-		if err == nil || errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return wrapError("delete", path, err, errdefs.ErrFailedPrecondition)
-		}
-		time.Sleep(cgroupDeleteInterval)
+	var last error
+	err := wait.PollUntilContextTimeout(context.Background(), cgroupDeleteInterval, cgroupDeleteTimeout, true, func(context.Context) (bool, error) {
+		last = remove()
+		return last == nil || errors.Is(last, fs.ErrNotExist), nil
+	})
+	if err != nil {
+		return wrapError("delete", path, last, errdefs.ErrFailedPrecondition)
 	}
+	return nil
 }
 
 // missingDirs lists the directories from root down to root+dir that do

@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/image"
@@ -253,20 +254,16 @@ func killProcess(ctx context.Context, pid int, start uint64) error {
 	if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	for {
-		// A process that is not our child stays a zombie until its parent
-		// reaps it; count a zombie as gone.
-		if st, err := processState(pid); err != nil || st == 'Z' || st == 'X' {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("process %d still alive after SIGKILL: %w", pid, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
+	// A process that is not our child stays a zombie until its parent
+	// reaps it; count a zombie as gone.
+	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		st, err := processState(pid)
+		return err != nil || st == 'Z' || st == 'X', nil
+	})
+	if err != nil {
+		return fmt.Errorf("process %d still alive after SIGKILL: %w", pid, err)
 	}
+	return nil
 }
 
 // procStat returns the fields of /proc/PID/stat after the command name.

@@ -10,6 +10,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/qemu"
@@ -270,24 +271,19 @@ func (z *resizer) resizeVCPUs(ctx context.Context, n int) error {
 // setOnline has the guest's agent keep n vCPUs online, and waits until
 // the guest has.
 func (z *resizer) setOnline(ctx context.Context, agent *qemu.Agent, n int) error {
-	ctx, cancel := context.WithTimeout(ctx, z.timeout)
-	defer cancel()
-	t := time.NewTicker(onlinePoll)
-	defer t.Stop()
-	for {
-		online, err := agent.SetOnlineVCPUs(ctx, n)
-		if err == nil && online == n {
-			return nil
-		}
+	online := -1
+	err := wait.PollUntilContextTimeout(ctx, onlinePoll, z.timeout, true, func(ctx context.Context) (bool, error) {
+		var err error
+		online, err = agent.SetOnlineVCPUs(ctx, n)
 		if err != nil && !errors.Is(err, errdefs.ErrFailedPrecondition) {
-			return err
+			return false, err
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("the guest has %d vcpus online: %w", online, ctx.Err())
-		case <-t.C:
-		}
+		return err == nil && online == n, nil
+	})
+	if err != nil && ctx.Err() == nil && wait.Interrupted(err) {
+		return fmt.Errorf("the guest has %d vcpus online: %w", online, context.DeadlineExceeded)
 	}
+	return err
 }
 
 // settlePoll is how often settle asks the guest agent.
@@ -297,47 +293,48 @@ const settlePoll = time.Second
 // run offline, once its agent answers (a kernel boot keeps them offline
 // with maxcpus= instead). It gives up when the VM stops.
 func (z *resizer) settle(done <-chan struct{}) {
-	t := time.NewTicker(settlePoll)
-	defer t.Stop()
-	for {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
 		select {
 		case <-done:
-			return
-		case <-t.C:
+			cancel()
+		case <-ctx.Done():
 		}
+	}()
+	_ = wait.PollUntilContextCancel(ctx, settlePoll, false, func(ctx context.Context) (bool, error) {
 		z.mu.Lock()
-		ctx, cancel := context.WithTimeout(context.Background(), settlePoll)
-		online, err := z.proc.Agent().SetOnlineVCPUs(ctx, z.vcpus)
-		cancel()
-		z.mu.Unlock()
+		defer z.mu.Unlock()
+		actx, acancel := context.WithTimeout(ctx, settlePoll)
+		defer acancel()
+		online, err := z.proc.Agent().SetOnlineVCPUs(actx, z.vcpus)
 		if err == nil && online == z.vcpus {
 			z.logger.WithField("vcpus", online).Debug("resize: the guest runs its vcpus")
-			return
+			return true, nil
 		}
-	}
+		return false, nil
+	})
 }
 
 // onlineVCPUs asks the guest agent to have n vCPUs online, as a guest's
 // udev rule would bring hot-plugged ones online, until the guest lists
 // them. A guest without an agent is left to do it itself.
 func (z *resizer) onlineVCPUs(ctx context.Context, agent *qemu.Agent, n int) {
-	t := time.NewTicker(onlinePoll)
-	defer t.Stop()
-	for {
-		online, err := agent.SetOnlineVCPUs(ctx, n)
-		if err == nil && online == n {
-			return
-		}
+	online := -1
+	err := wait.PollUntilContextCancel(ctx, onlinePoll, true, func(ctx context.Context) (bool, error) {
+		var err error
+		online, err = agent.SetOnlineVCPUs(ctx, n)
 		if err != nil && ctx.Err() == nil && !errors.Is(err, errdefs.ErrFailedPrecondition) {
-			z.logger.WithError(err).Info("resize: the guest is left to bring its vcpus online itself")
-			return
+			return false, err
 		}
-		select {
-		case <-ctx.Done():
-			z.logger.WithField("online", online).WithField("want", n).Warn("resize: the guest has not brought its vcpus online")
-			return
-		case <-t.C:
-		}
+		return err == nil && online == n, nil
+	})
+	switch {
+	case err == nil:
+	case ctx.Err() == nil:
+		z.logger.WithError(err).Info("resize: the guest is left to bring its vcpus online itself")
+	default:
+		z.logger.WithField("online", online).WithField("want", n).Warn("resize: the guest has not brought its vcpus online")
 	}
 }
 

@@ -27,14 +27,9 @@ const (
 	maxExecInput = 1 << 20
 	// agentCallTimeout bounds each guest agent call.
 	agentCallTimeout = 10 * time.Second
-	// outputTimeout bounds how long an exec's output waits for a reader.
-	outputTimeout = 10 * time.Second
 	// killGrace is how long SIGKILL waits for the guest to report the
 	// program's end before the exec is ended without it.
 	killGrace = 2 * time.Second
-	// pollMin and pollMax bound the interval between status polls.
-	pollMin = 20 * time.Millisecond
-	pollMax = 500 * time.Millisecond
 	// statusRetries is how many failed status polls in a row end an exec.
 	statusRetries = 5
 )
@@ -253,42 +248,35 @@ func (e *execProcess) readInput() ([]byte, error) {
 // poll asks the agent about the program until it ends.
 func (e *execProcess) poll(pid int) {
 	logger := log.G(e.ctx).WithFields(log.Fields{"id": e.taskID, "exec_id": e.id, "pid": pid})
-	interval, failures := pollMin, 0
-	for {
-		t := time.NewTimer(interval)
-		select {
-		case <-e.ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		cctx, cancel := context.WithTimeout(e.ctx, agentCallTimeout)
+	failures := 0
+	_ = statusPolls().Until(e.ctx, false, true, func(ctx context.Context) (bool, error) {
+		cctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
 		st, err := e.agent.ExecStatus(cctx, pid)
 		cancel()
 		switch {
-		case err != nil && e.ctx.Err() != nil:
-			return
+		case err != nil && ctx.Err() != nil:
+			return true, nil
 		case err != nil:
 			failures++
 			logger.WithError(err).Debug("exec status")
 			if failures >= statusRetries {
 				logger.WithError(err).Warn("guest agent lost the exec; ending it")
 				e.finish(launch.GuestExecStatus{Exited: true, ExitCode: 255})
-				return
+				return true, nil
 			}
+			return false, nil
 		case st.Exited:
 			e.finish(st)
-			return
-		default:
-			failures = 0
+			return true, nil
 		}
-		interval = min(interval*2, pollMax)
-	}
+		failures = 0
+		return false, nil
+	})
 }
 
 // finish writes the program's output, or ends its terminal session, and
 // records its exit, once. The output is written only for an exec that
-// started, within outputTimeout or until dropOutput.
+// started, within fifoTimeout or until dropOutput.
 func (e *execProcess) finish(st launch.GuestExecStatus) {
 	started, ok := e.claim()
 	if !ok {
@@ -302,7 +290,7 @@ func (e *execProcess) finish(st launch.GuestExecStatus) {
 	case e.tty != nil:
 		e.tty.close()
 	case started:
-		writeOutputs(e.outCtx, e.stdio, st.Stdout, st.Stderr)
+		writeFifos(e.outCtx, e.stdio, st.Stdout, st.Stderr)
 	}
 	e.dropOutput()
 	e.mu.Lock()
@@ -324,42 +312,6 @@ func (e *execProcess) claim() (started, ok bool) {
 	}
 	e.ending = true
 	return e.st != stateCreated, true
-}
-
-// writeOutputs writes stdout and stderr to their fifos, concurrently (a
-// reader may drain them in any order), and closes them.
-func writeOutputs(ctx context.Context, io stdio, stdout, stderr []byte) {
-	ctx, cancel := context.WithTimeout(ctx, outputTimeout)
-	defer cancel()
-	var wg sync.WaitGroup
-	for _, o := range []struct {
-		path string
-		data []byte
-	}{{io.stdout, stdout}, {io.stderr, stderr}} {
-		if o.path == "" {
-			continue
-		}
-		wg.Go(func() {
-			if err := writeFifo(ctx, o.path, o.data); err != nil {
-				log.G(ctx).WithError(err).WithField("fifo", o.path).Warn("exec output dropped")
-			}
-		})
-	}
-	wg.Wait()
-}
-
-// writeFifo opens a fifo for writing once a reader is there, writes data
-// and closes it; ctx bounds the whole.
-func writeFifo(ctx context.Context, path string, data []byte) error {
-	f, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	stop := context.AfterFunc(ctx, func() { f.Close() })
-	defer stop()
-	defer f.Close()
-	_, err = f.Write(data)
-	return err
 }
 
 // kill signals the program in the guest (the agent runs `kill`), within

@@ -26,9 +26,17 @@ const (
 	// size (containerd's ResizePty follows Start) before its program
 	// starts with defaultSize.
 	initialSizeWait = time.Second
+	// ttyAgentTimeout bounds each guest agent call of a session.
+	ttyAgentTimeout = 10 * time.Second
+	// ttyPortTimeout bounds adding or removing a session's port (a QMP
+	// call).
+	ttyPortTimeout = 10 * time.Second
+	// ttyOutputTimeout bounds how long the output, once the program has
+	// ended, waits for a reader.
+	ttyOutputTimeout = 10 * time.Second
 	// helperTimeout bounds a resize or a hangup in the guest, status
 	// polls included.
-	helperTimeout = agentCallTimeout
+	helperTimeout = 10 * time.Second
 	// drainGrace is how long output is still read once the port could
 	// not be removed (its reads then never end on their own).
 	drainGrace = 200 * time.Millisecond
@@ -135,7 +143,7 @@ func (s *ttySession) open(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	port, pid, err := s.launch(ctx)
+	port, pid, err := s.startProgram(ctx)
 	s.mu.Lock()
 	if err == nil && s.st == ttyClosed {
 		err = fmt.Errorf("terminal: the exec ended while starting: %w", errdefs.ErrFailedPrecondition)
@@ -160,17 +168,18 @@ func (s *ttySession) open(ctx context.Context) (int, error) {
 	return pid, nil
 }
 
-// launch adds the port and starts the program on it; it returns what it
-// made, even on failure, for the caller to discard: the pid only while
-// the program may still run (an ended one's pid may be another's soon).
-func (s *ttySession) launch(ctx context.Context) (launch.GuestPort, int, error) {
-	actx, cancel := context.WithTimeout(ctx, qmpTimeout)
+// startProgram adds the port and starts the program on it; it returns
+// what it made, even on failure, for the caller to discard: the pid only
+// while the program may still run (an ended one's pid may be another's
+// soon).
+func (s *ttySession) startProgram(ctx context.Context) (launch.GuestPort, int, error) {
+	actx, cancel := context.WithTimeout(ctx, ttyPortTimeout)
 	port, err := s.guest.AddPort(actx)
 	cancel()
 	if err != nil {
 		return nil, 0, fmt.Errorf("terminal: %w", err)
 	}
-	actx, cancel = context.WithTimeout(ctx, agentCallTimeout)
+	actx, cancel = context.WithTimeout(ctx, ttyAgentTimeout)
 	pid, err := s.guest.Exec(actx, ttyRunCommand(port.Name(), s.cmdline, s.env))
 	cancel()
 	if err != nil {
@@ -191,34 +200,46 @@ func (s *ttySession) launch(ctx context.Context) (launch.GuestPort, int, error) 
 func (s *ttySession) waitOpen(ctx context.Context, port launch.GuestPort, pid int) (ended bool, err error) {
 	wctx, cancel := context.WithTimeout(ctx, s.openTimeout)
 	defer cancel()
-	for interval := pollMin; ; interval = min(interval*2, pollMax) {
-		t := time.NewTimer(interval)
+	// The polls end at once when the port opens or goes, or the session
+	// ends: each cancels them with its reason.
+	pctx, stop := context.WithCancelCause(wctx)
+	defer stop(nil)
+	go func() {
 		select {
 		case <-port.Opened():
-			t.Stop()
-			return false, nil
+			stop(errPortOpened)
 		case <-port.Gone():
-			t.Stop()
-			return false, fmt.Errorf("terminal: the vm has gone: %w", errdefs.ErrFailedPrecondition)
+			stop(fmt.Errorf("terminal: the vm has gone: %w", errdefs.ErrFailedPrecondition))
 		case <-s.ctx.Done():
-			t.Stop()
-			return false, fmt.Errorf("terminal: the exec ended while starting: %w", errdefs.ErrFailedPrecondition)
-		case <-wctx.Done():
-			t.Stop()
-			if ctx.Err() != nil {
-				return false, fmt.Errorf("terminal: %w", ctx.Err())
-			}
-			return false, fmt.Errorf("terminal: the guest did not open port %s within %v: %w", port.Name(), s.openTimeout, context.DeadlineExceeded)
-		case <-t.C:
+			stop(fmt.Errorf("terminal: the exec ended while starting: %w", errdefs.ErrFailedPrecondition))
+		case <-pctx.Done():
 		}
-		cctx, ccancel := context.WithTimeout(wctx, agentCallTimeout)
+	}()
+	err = statusPolls().Until(pctx, false, true, func(pctx context.Context) (bool, error) {
+		cctx, ccancel := context.WithTimeout(pctx, ttyAgentTimeout)
 		st, err := s.guest.ExecStatus(cctx, pid)
 		ccancel()
 		if err == nil && st.Exited {
+			ended = true
 			return true, ttyStartError(st)
 		}
+		return false, nil
+	})
+	switch cause := context.Cause(pctx); {
+	case ended:
+		return true, err
+	case errors.Is(cause, errPortOpened):
+		return false, nil
+	case cause != nil && !errors.Is(cause, context.Canceled) && wctx.Err() == nil:
+		return false, cause
+	case ctx.Err() != nil:
+		return false, fmt.Errorf("terminal: %w", ctx.Err())
 	}
+	return false, fmt.Errorf("terminal: the guest did not open port %s within %v: %w", port.Name(), s.openTimeout, context.DeadlineExceeded)
 }
+
+// errPortOpened ends waitOpen's polls: the guest has the port open.
+var errPortOpened = errors.New("port opened")
 
 // ttyStartError says why ttyRunScript ended before it opened the port.
 func ttyStartError(st launch.GuestExecStatus) error {
@@ -244,7 +265,7 @@ func (s *ttySession) discard(port launch.GuestPort, pid int) {
 			s.logger.WithError(err).Warn("stop terminal program")
 		}
 	}
-	rctx, cancel := context.WithTimeout(ctx, qmpTimeout)
+	rctx, cancel := context.WithTimeout(ctx, ttyPortTimeout)
 	defer cancel()
 	if err := port.Remove(rctx); err != nil {
 		s.logger.WithError(err).Warn("remove terminal port")
@@ -253,9 +274,9 @@ func (s *ttySession) discard(port launch.GuestPort, pid int) {
 }
 
 // signal sends sig to the program of the session whose script has pid
-// (ttySignalScript), within agentCallTimeout.
+// (ttySignalScript), within ttyAgentTimeout.
 func (s *ttySession) signal(ctx context.Context, pid int, sig syscall.Signal) error {
-	ctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, ttyAgentTimeout)
 	defer cancel()
 	if _, err := s.guest.Exec(ctx, ttySignalCommand(pid, sig)); err != nil {
 		return fmt.Errorf("signal terminal program: %w", err)
@@ -339,24 +360,21 @@ func (s *ttySession) runHelper(c launch.GuestCommand) error {
 	if err != nil {
 		return err
 	}
-	for interval := pollMin; ; interval = min(interval*2, pollMax) {
-		t := time.NewTimer(interval)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("guest pid %d: %w", pid, ctx.Err())
-		case <-t.C:
-		}
+	err = statusPolls().Until(ctx, false, true, func(ctx context.Context) (bool, error) {
 		st, err := s.guest.ExecStatus(ctx, pid)
 		switch {
 		case err != nil:
 			s.logger.WithError(err).Debug("terminal helper status")
+			return false, nil
 		case st.Exited && st.ExitCode != 0:
-			return fmt.Errorf("guest pid %d exited with status %d: %s", pid, st.ExitCode, guestMessage(st.Stderr))
-		case st.Exited:
-			return nil
+			return true, fmt.Errorf("guest pid %d exited with status %d: %s", pid, st.ExitCode, guestMessage(st.Stderr))
 		}
+		return st.Exited, nil
+	})
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("guest pid %d: %w", pid, ctx.Err())
 	}
+	return err
 }
 
 // input writes the first window size to the port, then relays stdin to
@@ -472,7 +490,7 @@ func (s *ttySession) markVMGone() {
 // close ends the session once its program has ended, the exec was
 // killed or the VM has gone: input and resizes stop, the port is removed
 // (QEMU then closes its end, so the output is read to its end), and the
-// output fifo is closed, within outputTimeout or until dropOut. Only the
+// output fifo is closed, within ttyOutputTimeout or until dropOut. Only the
 // first call acts.
 func (s *ttySession) close() {
 	s.mu.Lock()
@@ -491,14 +509,14 @@ func (s *ttySession) close() {
 	}
 	conn := port.Conn()
 	if !gone {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.outCtx), qmpTimeout)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.outCtx), ttyPortTimeout)
 		if err := port.Remove(ctx); err != nil {
 			s.logger.WithError(err).Warn("remove terminal port")
 			_ = conn.SetReadDeadline(time.Now().Add(drainGrace))
 		}
 		cancel()
 	}
-	t := time.NewTimer(outputTimeout)
+	t := time.NewTimer(ttyOutputTimeout)
 	defer t.Stop()
 	select {
 	case <-outDone:
@@ -510,7 +528,7 @@ func (s *ttySession) close() {
 	}
 	_ = conn.Close()
 	if s.stdio.stderr != "" {
-		writeOutputs(s.outCtx, stdio{stderr: s.stdio.stderr}, nil, nil)
+		writeFifos(s.outCtx, stdio{stderr: s.stdio.stderr}, nil, nil)
 	}
 }
 
