@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -253,4 +255,54 @@ func (c *build) log(line string) {
 	if c.r.Log != nil {
 		c.r.Log(line)
 	}
+}
+
+// hostDevices opens the block devices the container was given, with the
+// access it was given, as extra disks, and adds its VFIO functions.
+func (c *build) hostDevices(ctx context.Context) error {
+	devs, err := hostdev.ResolveDevices(c.spec, c.sysfs(), c.cfg.PrivilegedDevices)
+	if err != nil {
+		return err
+	}
+	for i, b := range devs.Block {
+		if v := c.desc.RootVolume; v != nil && v.Block && b.ContainerPath == v.Path {
+			continue // the root disk (see keptDisk)
+		}
+		f, err := openBlockDevice(b, 0)
+		if err != nil {
+			return err
+		}
+		c.qs.Drives = append(c.qs.Drives, qemu.Drive{
+			ID: fmt.Sprintf("blk%d", i), Path: c.fdSet(c.keep(f)), Format: qemu.FormatRaw,
+			HostDevice: true, ReadOnly: b.ReadOnly, Driver: c.desc.DiskDriver,
+		})
+	}
+	c.qs.VFIO, c.vfio = devs.VFIO, devs.VFIOGroups
+	switch {
+	case devs.Privileged:
+		c.logger.WithField("devices", strings.Join(devs.Ignored, " ")).Warn("privileged container: its host devices are not given to the vm (config privileged_devices)")
+	case len(devs.Ignored) > 0:
+		c.logger.WithField("devices", strings.Join(devs.Ignored, " ")).Info("devices not given to the vm")
+	}
+	return nil
+}
+
+// openBlockDevice opens a container's block device with its access (and
+// the extra open flags) and checks the node is the device the spec names.
+func openBlockDevice(b hostdev.BlockDevice, extra int) (*os.File, error) {
+	flags := os.O_RDWR | extra
+	if b.ReadOnly {
+		flags = os.O_RDONLY
+	}
+	f, err := os.OpenFile(b.HostPath, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("device %s: %w", b.ContainerPath, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK ||
+		int64(unix.Major(st.Rdev)) != b.Major || int64(unix.Minor(st.Rdev)) != b.Minor {
+		f.Close()
+		return nil, fmt.Errorf("device %s: %s is not block device %d:%d: %w", b.ContainerPath, b.HostPath, b.Major, b.Minor, errdefs.ErrFailedPrecondition)
+	}
+	return f, nil
 }

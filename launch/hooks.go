@@ -1,6 +1,7 @@
 package launch
 
 import (
+	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/thread"
 
 	"bytes"
@@ -224,4 +225,22 @@ func (b *tailBuffer) Write(p []byte) (int, error) {
 func (b *tailBuffer) lastLine() string {
 	lines := strings.Split(strings.TrimSpace(string(b.buf)), "\n")
 	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+// runPoststop runs the spec's poststop hooks once, after the VM and its
+// network are gone and before the namespace and the rootfs go.
+func (r *Record) runPoststop(ctx context.Context) {
+	spec, err := config.ReadSpec(r.Bundle)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("id", r.ID).Warn("poststop hooks not run")
+		return
+	}
+	newOCIHooks(r.ID, r.Bundle, spec, r.HookNetns).runAll(ctx, phasePoststop, specs.StateStopped, 0)
+	r.Poststop = false
+}
+
+// undoPoststop runs the spec's poststop hooks (madePoststop).
+func undoPoststop(ctx context.Context, r *Record) error {
+	r.runPoststop(ctx)
+	return nil
 }

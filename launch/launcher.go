@@ -2,14 +2,12 @@ package launch
 
 import (
 	"github.com/vmshim/vmshim/hostdev"
-	"github.com/vmshim/vmshim/thread"
 
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -23,11 +21,9 @@ import (
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/jail"
-	"github.com/vmshim/vmshim/network"
 	"github.com/vmshim/vmshim/oom"
 	"github.com/vmshim/vmshim/qemu"
 	"github.com/vmshim/vmshim/regfile"
@@ -54,7 +50,7 @@ func NewLauncher(containerd string) Launcher {
 }
 
 // Launch resolves the task's settings, prepares its disks and starts QEMU
-// with the vCPUs stopped, step by step (see launch). On failure it leaves
+// with the vCPUs stopped, step by step (see steps). On failure it leaves
 // nothing behind: the task record names everything made so far, and its
 // release undoes it, as the delete action does after a crash.
 func (l *qemuLauncher) Launch(ctx context.Context, r *Request) (_ VM, retErr error) {
@@ -82,30 +78,9 @@ func (l *qemuLauncher) Launch(ctx context.Context, r *Request) (_ VM, retErr err
 			c.rollback(ctx)
 		}
 	}()
-	for _, step := range []struct {
-		name string
-		do   func(context.Context) error
-	}{
-		{"resolve config", c.resolve},
-		{"record", c.record},
-		{"claim pod", c.claimPod},
-		{"cgroup", c.cgroup},
-		{"rootfs", c.rootfs},
-		{"netns", c.netns},
-		{"disks", c.disks},
-		{"firmware", c.firmware},
-		{"host devices", c.hostDevices},
-		{"shares", c.shares},
-		{"network", c.network},
-		{"seed", c.seed},
-		{"accelerator", c.accel},
-		{"jail", c.jail},
-		{"resources", c.resources},
-		{"qemu", c.qemu},
-		{"pin vcpus", c.newResizer},
-	} {
+	for _, step := range steps {
 		begin := time.Now()
-		if err := step.do(ctx); err != nil {
+		if err := step.do(c, ctx); err != nil {
 			c.logger.WithError(err).WithField("step", step.name).Debug("create failed")
 			return nil, err
 		}
@@ -211,68 +186,6 @@ func podResolvConf(spec *specs.Spec) string {
 	return ""
 }
 
-// vmNetns returns the network namespace the VM runs in and its NICs come
-// from: the pod's (CRI), the one the spec names, or, when the spec asks
-// for a new one, one the shim makes, pins and records for removal. ""
-// means the host's: the VM then has no NIC.
-func (l *qemuLauncher) vmNetns(ctx context.Context, ns, id string, spec *specs.Spec, rec *Record) (string, error) {
-	path, ok := specNetns(spec)
-	switch {
-	case !ok:
-		return "", nil
-	case path != "":
-		// CRI names the pod's netns through the sandbox's pause process;
-		// use the namespace's own path, which outlives that process.
-		return podNetns(path), nil
-	}
-	if err := rec.push(madeNetns, func(r *Record) { r.Netns = taskNetnsPath(ns, id) }); err != nil {
-		return "", err
-	}
-	if err := createNetns(rec.Netns); err != nil {
-		return "", fmt.Errorf("network namespace for %s: %w", id, err)
-	}
-	log.G(ctx).WithField("netns", rec.Netns).Debug("network namespace created")
-	return rec.Netns, nil
-}
-
-// attachCNI puts the namespace the shim made for the task on the CNI
-// network cni_network names, unless hooks have given it a network already
-// (nerdctl does). The attachment is pushed before ADD, so that release,
-// or the delete action after a crash, detaches it.
-func attachCNI(ctx context.Context, cfg config.Config, ns, id string, rec *Record) error {
-	empty, err := netnsIsEmpty(rec.Netns)
-	if err != nil {
-		return err
-	}
-	if !empty {
-		log.G(ctx).WithField("id", id).Info("hooks gave the network namespace interfaces; cni_network not attached")
-		return nil
-	}
-	att, err := network.PrepareCNI(ctx, network.CNIConfig{
-		Network: cfg.CNINetwork, ConfDir: cfg.CNIConfDir, BinDirs: cfg.CNIBinDirs,
-	}, ns+"-"+id, rec.Netns)
-	if err != nil {
-		return fmt.Errorf("config cni_network: %w", err)
-	}
-	if err := rec.push(madeCNI, func(r *Record) { r.CNI = att }); err != nil {
-		return err
-	}
-	if err := att.Attach(ctx); err != nil {
-		return fmt.Errorf("config cni_network: %w", err)
-	}
-	log.G(ctx).WithFields(log.Fields{"id": id, "network": att.Network, "ips": att.IPs}).Info("cni network attached")
-	return nil
-}
-
-// netnsSteps moves a forking thread into the network namespace at path;
-// none for the host's.
-func netnsSteps(path string) []thread.Step {
-	if path == "" {
-		return nil
-	}
-	return []thread.Step{thread.JoinNetns(path)}
-}
-
 // maxHostnameFile bounds what is read of a CRI container's /etc/hostname:
 // a host name is at most 253 bytes.
 const maxHostnameFile = 4 << 10
@@ -301,101 +214,4 @@ func hostname(spec *specs.Spec) (string, error) {
 		}
 	}
 	return "", nil
-}
-
-// qemuVM is a QEMU VM with the host resources recorded for it. Each
-// method says where it goes: the process (proc), the VM's cgroup
-// (limits), the hooks, or the resources Release frees.
-type qemuVM struct {
-	proc    *qemu.VM
-	limits  *cgroupLimits
-	console net.Conn
-	rec     *Record
-	stderr  io.Closer
-	hooks   *ociHooks
-	oom     *oom.Watcher // nil when the VM has no cgroup, or it could not be watched
-	resize  *resizer     // resizes the running VM; nil until it runs
-
-	closeOnce sync.Once // closes stderr and oom once
-}
-
-// Pid is QEMU's process id.
-func (v *qemuVM) Pid() int { return v.proc.Pid() }
-
-// Console returns the shim's end of the guest's serial port.
-func (v *qemuVM) Console() io.ReadWriteCloser { return v.console }
-
-// Start runs the vCPUs.
-func (v *qemuVM) Start(ctx context.Context) error { return v.proc.Start(ctx) }
-
-// Powerdown presses the ACPI power button.
-func (v *qemuVM) Powerdown(ctx context.Context) error { return v.proc.Powerdown(ctx) }
-
-// Kill stops QEMU at once.
-func (v *qemuVM) Kill() error { return v.proc.Kill() }
-
-// Pause stops the vCPUs.
-func (v *qemuVM) Pause(ctx context.Context) error { return v.proc.Pause(ctx) }
-
-// Resume restarts the vCPUs.
-func (v *qemuVM) Resume(ctx context.Context) error { return v.proc.Resume(ctx) }
-
-// Done is closed once QEMU has exited.
-func (v *qemuVM) Done() <-chan struct{} { return v.proc.Done() }
-
-// ExitStatus is QEMU's exit status, once Done.
-func (v *qemuVM) ExitStatus() (int, time.Time) { return v.proc.ExitStatus() }
-
-// Stats reads the VM's cgroup.
-func (v *qemuVM) Stats(ctx context.Context) (proto.Message, error) { return v.limits.Stats(ctx) }
-
-// Update resizes the VM to new resources: its cgroup, vCPUs, guest RAM
-// and pinning.
-func (v *qemuVM) Update(ctx context.Context, r *specs.LinuxResources) error {
-	if v.resize == nil {
-		return v.limits.Update(ctx, r)
-	}
-	return v.resize.Update(ctx, r)
-}
-
-// GuestAgent returns the channel to the guest's agent, which can also
-// give terminal sessions ports.
-func (v *qemuVM) GuestAgent() GuestAgent { return newGuestChannel(v.proc) }
-
-// StartHooks returns the VM's OCI hooks around Start.
-func (v *qemuVM) StartHooks() StartHooks { return v }
-
-// BeforeStart runs the startContainer hooks, in the VM's network
-// namespace, just before the vCPUs run.
-func (v *qemuVM) BeforeStart(ctx context.Context) error {
-	return v.hooks.run(ctx, phaseStartContainer, specs.StateCreated, v.Pid())
-}
-
-// AfterStart runs the poststart hooks once the vCPUs run; their failures
-// are logged, as the runtime spec asks.
-func (v *qemuVM) AfterStart(ctx context.Context) {
-	v.hooks.runAll(ctx, phasePoststart, specs.StateRunning, v.Pid())
-}
-
-// OOMKills is the watch on the VM's memory cgroup, or nil.
-func (v *qemuVM) OOMKills() OOMCounter {
-	if v.oom == nil {
-		return nil
-	}
-	return v.oom
-}
-
-// IOPause is the disk error that holds the VM paused, if any.
-func (v *qemuVM) IOPause() (fmt.Stringer, <-chan struct{}) { return ioPause(v.proc.IOPause()) }
-
-// Release frees what the VM held once QEMU has exited: its record's undo
-// stack, which keeps what it could not undo for the next call.
-func (v *qemuVM) Release(ctx context.Context) error {
-	v.closeOnce.Do(func() {
-		v.stderr.Close()
-		if v.oom != nil {
-			_ = v.oom.Close()
-		}
-	})
-	return v.rec.Release(ctx)
 }

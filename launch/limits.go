@@ -196,3 +196,6 @@ func specOOMScoreAdj(spec *specs.Spec) *int {
 	}
 	return spec.Process.OOMScoreAdj
 }
+
+// undoCgroup removes the task's cgroup (madeCgroup).
+func undoCgroup(ctx context.Context, r *Record) error { return removeCgroup(ctx, r.Cgroup) }

@@ -1,6 +1,13 @@
 package launch
 
 import (
+	"context"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/vmshim/vmshim/config"
+	"github.com/vmshim/vmshim/network"
+	"github.com/vmshim/vmshim/qemu"
 	"github.com/vmshim/vmshim/thread"
 
 	"crypto/sha256"
@@ -12,6 +19,7 @@ import (
 	"path/filepath"
 
 	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/log"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -95,4 +103,144 @@ func netnsIsEmpty(path string) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// netns finds the VM's network namespace, or makes it when the spec asks
+// for a new one, and gives it its network: the create hooks and a CNI
+// network. It comes before the disks, as a disk by URL is fetched from
+// there.
+func (c *build) netns(ctx context.Context) error {
+	var err error
+	if c.nsPath, err = c.launcher.vmNetns(ctx, c.ns, c.r.ID, c.spec, c.rec); err != nil {
+		return err
+	}
+	c.hooks = newOCIHooks(c.r.ID, c.r.Bundle, c.spec, c.nsPath)
+	if c.hooks.any() {
+		// From here on, poststop hooks run whatever happens, as the
+		// runtime spec asks of a failed create too.
+		if err := c.rec.push(madePoststop, func(r *Record) { r.Poststop, r.HookNetns = true, c.nsPath }); err != nil {
+			return err
+		}
+		if err := c.hooks.create(ctx); err != nil {
+			return err
+		}
+	}
+	if c.rec.Netns != "" && c.cfg.CNINetwork != "" {
+		return attachCNI(ctx, c.cfg, c.ns, c.r.ID, c.rec)
+	}
+	return nil
+}
+
+// vmNetns returns the network namespace the VM runs in and its NICs come
+// from: the pod's (CRI), the one the spec names, or, when the spec asks
+// for a new one, one the shim makes, pins and records for removal. ""
+// means the host's: the VM then has no NIC.
+func (l *qemuLauncher) vmNetns(ctx context.Context, ns, id string, spec *specs.Spec, rec *Record) (string, error) {
+	path, ok := specNetns(spec)
+	switch {
+	case !ok:
+		return "", nil
+	case path != "":
+		// CRI names the pod's netns through the sandbox's pause process;
+		// use the namespace's own path, which outlives that process.
+		return podNetns(path), nil
+	}
+	if err := rec.push(madeNetns, func(r *Record) { r.Netns = taskNetnsPath(ns, id) }); err != nil {
+		return "", err
+	}
+	if err := createNetns(rec.Netns); err != nil {
+		return "", fmt.Errorf("network namespace for %s: %w", id, err)
+	}
+	log.G(ctx).WithField("netns", rec.Netns).Debug("network namespace created")
+	return rec.Netns, nil
+}
+
+// attachCNI puts the namespace the shim made for the task on the CNI
+// network cni_network names, unless hooks have given it a network already
+// (nerdctl does). The attachment is pushed before ADD, so that release,
+// or the delete action after a crash, detaches it.
+func attachCNI(ctx context.Context, cfg config.Config, ns, id string, rec *Record) error {
+	empty, err := netnsIsEmpty(rec.Netns)
+	if err != nil {
+		return err
+	}
+	if !empty {
+		log.G(ctx).WithField("id", id).Info("hooks gave the network namespace interfaces; cni_network not attached")
+		return nil
+	}
+	att, err := network.PrepareCNI(ctx, network.CNIConfig{
+		Network: cfg.CNINetwork, ConfDir: cfg.CNIConfDir, BinDirs: cfg.CNIBinDirs,
+	}, ns+"-"+id, rec.Netns)
+	if err != nil {
+		return fmt.Errorf("config cni_network: %w", err)
+	}
+	if err := rec.push(madeCNI, func(r *Record) { r.CNI = att }); err != nil {
+		return err
+	}
+	if err := att.Attach(ctx); err != nil {
+		return fmt.Errorf("config cni_network: %w", err)
+	}
+	log.G(ctx).WithFields(log.Fields{"id": id, "network": att.Network, "ips": att.IPs}).Info("cni network attached")
+	return nil
+}
+
+// netnsSteps moves a forking thread into the network namespace at path;
+// none for the host's.
+func netnsSteps(path string) []thread.Step {
+	if path == "" {
+		return nil
+	}
+	return []thread.Step{thread.JoinNetns(path)}
+}
+
+// network wires the VM's network namespace (see netns): the console, and
+// one NIC per CNI interface.
+func (c *build) network(ctx context.Context) error {
+	guestEnd, shimEnd, err := consolePair()
+	if err != nil {
+		return err
+	}
+	c.keep(guestEnd)
+	c.console = shimEnd
+	c.qs.ConsoleFD = c.fds.Add(guestEnd)
+	if c.nsPath == "" {
+		return nil
+	}
+	opts := network.Options{Hostname: c.host, ResolvConf: podResolvConf(c.spec), Logger: c.logger}
+	if c.desc.VNC {
+		c.vnc = &vncServer{logger: c.logger}
+		opts.Local = c.vnc.local()
+	}
+	pl, err := network.Inspect(ctx, c.nsPath, opts)
+	if err != nil {
+		return fmt.Errorf("pod network: %w", err)
+	}
+	if err := c.rec.push(madeNetwork, func(r *Record) { r.Network = pl.State() }); err != nil {
+		pl.Close()
+		return err
+	}
+	if c.netw, err = pl.Wire(ctx); err != nil {
+		return fmt.Errorf("pod network: %w", err)
+	}
+	c.rec.net = c.netw
+	for i, nic := range c.netw.NICs() {
+		c.qs.NICs = append(c.qs.NICs, qemu.NIC{ID: fmt.Sprintf("net%d", i), TapFD: c.fds.Add(nic.Tap), MAC: nic.MAC.String(), Model: c.desc.NICModel})
+	}
+	return nil
+}
+
+// undoNetns removes the network namespace the shim made (madeNetns).
+func undoNetns(_ context.Context, r *Record) error { return removeNetns(r.Netns) }
+
+// undoCNI takes the namespace the shim made off its cni_network (madeCNI).
+func undoCNI(ctx context.Context, r *Record) error { return r.CNI.Detach(ctx) }
+
+// undoNetwork gives the VM's network namespace back its CNI interfaces
+// as they were (madeNetwork): torn down by the process that wired it, or
+// restored from the record after a crash.
+func undoNetwork(ctx context.Context, r *Record) error {
+	if r.net != nil {
+		return r.net.Teardown(ctx)
+	}
+	return network.Restore(ctx, r.Network)
 }

@@ -1,6 +1,7 @@
 package launch
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -159,3 +160,6 @@ func PodVM(sandboxBundle string) (string, error) {
 	st, _, err := readPodState(sandboxBundle)
 	return st.VM, err
 }
+
+// undoPod gives back the task's claim on its pod (madePod).
+func undoPod(_ context.Context, r *Record) error { return ReleasePod(r.Pod, r.ID) }

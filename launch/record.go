@@ -7,19 +7,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
-	"time"
 
-	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/log"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
-	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/vmshim/vmshim/config"
-	"github.com/vmshim/vmshim/image"
-	"github.com/vmshim/vmshim/jail"
 	"github.com/vmshim/vmshim/network"
 )
 
@@ -78,27 +68,20 @@ const (
 
 // undoers undo each thing a record names. Each is idempotent, and leaves
 // alone what is not the task's: it may run again after a crash, or after
-// it failed. The map is never changed.
+// it failed. Each is written next to the code that makes its thing; the
+// map is never changed.
 var undoers = map[string]undoer{
-	madeProcess: func(ctx context.Context, r *Record) error { return killProcess(ctx, r.Pid, r.PidStart) },
-	madeCgroup:  func(ctx context.Context, r *Record) error { return removeCgroup(ctx, r.Cgroup) },
-	madeNetwork: func(ctx context.Context, r *Record) error {
-		if r.net != nil {
-			return r.net.Teardown(ctx)
-		}
-		return network.Restore(ctx, r.Network)
-	},
-	madeCNI: func(ctx context.Context, r *Record) error { return r.CNI.Detach(ctx) },
-	madePoststop: func(ctx context.Context, r *Record) error {
-		r.runPoststop(ctx)
-		return nil
-	},
-	madeNetns:      func(_ context.Context, r *Record) error { return removeNetns(r.Netns) },
-	madeRuntimeDir: func(_ context.Context, r *Record) error { return os.RemoveAll(r.RuntimeDir) },
-	madeVMFiles:    func(_ context.Context, r *Record) error { return image.RemoveFilesDir(r.VMFiles) },
-	madePod:        func(_ context.Context, r *Record) error { return ReleasePod(r.Pod, r.ID) },
-	madeJailID:     releaseJailID,
-	madeRootfs:     func(_ context.Context, r *Record) error { return unmountRootfs(r.Rootfs) },
+	madeJailID:     undoJailID,
+	madeRuntimeDir: undoRuntimeDir,
+	madePod:        undoPod,
+	madeRootfs:     undoRootfs,
+	madeVMFiles:    undoVMFiles,
+	madeNetns:      undoNetns,
+	madePoststop:   undoPoststop,
+	madeCNI:        undoCNI,
+	madeNetwork:    undoNetwork,
+	madeCgroup:     undoCgroup,
+	madeProcess:    undoProcess,
 }
 
 // push notes in the record that the task is about to make what kind
@@ -222,91 +205,4 @@ func (r *Record) legacyStack() []string {
 		}
 	}
 	return stack
-}
-
-// unmountRootfs unmounts the rootfs the shim mounted, detaching it when a
-// plain unmount fails.
-func unmountRootfs(rootfs string) error {
-	if err := mount.UnmountRecursive(rootfs, 0); err != nil {
-		return mount.UnmountRecursive(rootfs, unix.MNT_DETACH)
-	}
-	return nil
-}
-
-// runPoststop runs the spec's poststop hooks once, after the VM and its
-// network are gone and before the namespace and the rootfs go.
-func (r *Record) runPoststop(ctx context.Context) {
-	spec, err := config.ReadSpec(r.Bundle)
-	if err != nil {
-		log.G(ctx).WithError(err).WithField("id", r.ID).Warn("poststop hooks not run")
-		return
-	}
-	newOCIHooks(r.ID, r.Bundle, spec, r.HookNetns).runAll(ctx, phasePoststop, specs.StateStopped, 0)
-	r.Poststop = false
-}
-
-// killProcess sends SIGKILL to pid if it is still the process that started
-// at the given time, and waits until it is gone.
-func killProcess(ctx context.Context, pid int, start uint64) error {
-	if st, err := processStart(pid); err != nil || (start != 0 && st != start) {
-		return nil // gone, or the pid now belongs to someone else
-	}
-	if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
-		return err
-	}
-	// A process that is not our child stays a zombie until its parent
-	// reaps it; count a zombie as gone.
-	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		st, err := processState(pid)
-		return err != nil || st == 'Z' || st == 'X', nil
-	})
-	if err != nil {
-		return fmt.Errorf("process %d still alive after SIGKILL: %w", pid, err)
-	}
-	return nil
-}
-
-// procStat returns the fields of /proc/PID/stat after the command name.
-func procStat(pid int) ([]string, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return nil, err
-	}
-	i := strings.LastIndexByte(string(data), ')')
-	if i < 0 {
-		return nil, fmt.Errorf("malformed /proc/%d/stat", pid)
-	}
-	fields := strings.Fields(string(data[i+1:]))
-	if len(fields) < 20 {
-		return nil, fmt.Errorf("malformed /proc/%d/stat", pid)
-	}
-	return fields, nil
-}
-
-// processStart returns a process's start time in clock ticks since boot.
-func processStart(pid int) (uint64, error) {
-	f, err := procStat(pid)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.ParseUint(f[19], 10, 64) // field 22 of stat
-}
-
-// processState returns a process's state letter (R, S, Z, ...).
-func processState(pid int) (byte, error) {
-	f, err := procStat(pid)
-	if err != nil {
-		return 0, err
-	}
-	return f[0][0], nil
-}
-
-// releaseJailID gives back the task's jail id once no process runs with
-// it: whatever a jailed program left behind (QEMU's or qemu-img's
-// children, should a namespace not have taken them) is killed first, so
-// that the VM that gets the id next inherits nothing.
-func releaseJailID(ctx context.Context, r *Record) error {
-	return jail.ReleaseEmpty(idsDir, r.JailID, r.JailOwner, func(id uint32, pids []int) {
-		log.G(ctx).WithFields(log.Fields{"id": r.ID, "jail_id": id, "pids": pids}).Warn("killed processes left with the vm's jail id")
-	})
 }

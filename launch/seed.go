@@ -3,6 +3,7 @@ package launch
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/containerd/log"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/vmshim/vmshim/cloudinit"
 	"github.com/vmshim/vmshim/config"
+	"github.com/vmshim/vmshim/image"
 	"github.com/vmshim/vmshim/network"
 	"github.com/vmshim/vmshim/qemu"
 )
@@ -98,4 +100,45 @@ func instanceID(ns, id string, spec *specs.Spec) string {
 		return "vmshim-" + sid
 	}
 	return "vmshim-" + ns + "-" + id
+}
+
+// shares exposes the container's volumes to the guest over virtio-9p.
+func (c *build) shares(ctx context.Context) error {
+	var hugePages []int64
+	c.mounts, hugePages = shares(ctx, c.spec, &c.qs, c.desc.RootVolume)
+	// A hugetlbfs volume is how Kubernetes gives a pod huge pages; with
+	// containerd's default disable_hugetlb_controller the spec carries
+	// no hugepages limit, so the volume alone says guest RAM goes there.
+	for _, size := range hugePages {
+		if err := c.desc.OnHugePages(size, "a hugetlbfs volume"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// seed writes the cloud-init seed into the VM's files directory.
+func (c *build) seed(context.Context) error {
+	var nics []network.NIC
+	if c.netw != nil {
+		nics = c.netw.NICs()
+	}
+	files, err := cloudInitFiles(c.ns, c.spec, c.host, c.desc, c.mounts, nics)
+	if err != nil {
+		return err
+	}
+	f, err := c.create(image.SeedName)
+	if err != nil {
+		return err
+	}
+	if err := cloudinit.WriteSeed(f, files); err != nil {
+		return fmt.Errorf("cloud-init seed: %w", err)
+	}
+	// QEMU opens the seed read-only: it needs a read-only fd of it.
+	ro, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("cloud-init seed: %w", err)
+	}
+	c.qs.Drives = append(c.qs.Drives, seedDrive(c.fdSet(c.keep(ro)), c.desc.DiskDriver))
+	return nil
 }

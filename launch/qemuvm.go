@@ -1,0 +1,113 @@
+package launch
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/vmshim/vmshim/oom"
+	"github.com/vmshim/vmshim/qemu"
+)
+
+// qemuVM is a QEMU VM with the host resources recorded for it. Each
+// method says where it goes: the process (proc), the VM's cgroup
+// (limits), the hooks, or the resources Release frees.
+type qemuVM struct {
+	proc    *qemu.VM
+	limits  *cgroupLimits
+	console net.Conn
+	rec     *Record
+	stderr  io.Closer
+	hooks   *ociHooks
+	oom     *oom.Watcher // nil when the VM has no cgroup, or it could not be watched
+	resize  *resizer     // resizes the running VM; nil until it runs
+
+	closeOnce sync.Once // closes stderr and oom once
+}
+
+// Pid is QEMU's process id.
+func (v *qemuVM) Pid() int { return v.proc.Pid() }
+
+// Console returns the shim's end of the guest's serial port.
+func (v *qemuVM) Console() io.ReadWriteCloser { return v.console }
+
+// Start runs the vCPUs.
+func (v *qemuVM) Start(ctx context.Context) error { return v.proc.Start(ctx) }
+
+// Powerdown presses the ACPI power button.
+func (v *qemuVM) Powerdown(ctx context.Context) error { return v.proc.Powerdown(ctx) }
+
+// Kill stops QEMU at once.
+func (v *qemuVM) Kill() error { return v.proc.Kill() }
+
+// Pause stops the vCPUs.
+func (v *qemuVM) Pause(ctx context.Context) error { return v.proc.Pause(ctx) }
+
+// Resume restarts the vCPUs.
+func (v *qemuVM) Resume(ctx context.Context) error { return v.proc.Resume(ctx) }
+
+// Done is closed once QEMU has exited.
+func (v *qemuVM) Done() <-chan struct{} { return v.proc.Done() }
+
+// ExitStatus is QEMU's exit status, once Done.
+func (v *qemuVM) ExitStatus() (int, time.Time) { return v.proc.ExitStatus() }
+
+// Stats reads the VM's cgroup.
+func (v *qemuVM) Stats(ctx context.Context) (proto.Message, error) { return v.limits.Stats(ctx) }
+
+// Update resizes the VM to new resources: its cgroup, vCPUs, guest RAM
+// and pinning.
+func (v *qemuVM) Update(ctx context.Context, r *specs.LinuxResources) error {
+	if v.resize == nil {
+		return v.limits.Update(ctx, r)
+	}
+	return v.resize.Update(ctx, r)
+}
+
+// GuestAgent returns the channel to the guest's agent, which can also
+// give terminal sessions ports.
+func (v *qemuVM) GuestAgent() GuestAgent { return newGuestChannel(v.proc) }
+
+// StartHooks returns the VM's OCI hooks around Start.
+func (v *qemuVM) StartHooks() StartHooks { return v }
+
+// BeforeStart runs the startContainer hooks, in the VM's network
+// namespace, just before the vCPUs run.
+func (v *qemuVM) BeforeStart(ctx context.Context) error {
+	return v.hooks.run(ctx, phaseStartContainer, specs.StateCreated, v.Pid())
+}
+
+// AfterStart runs the poststart hooks once the vCPUs run; their failures
+// are logged, as the runtime spec asks.
+func (v *qemuVM) AfterStart(ctx context.Context) {
+	v.hooks.runAll(ctx, phasePoststart, specs.StateRunning, v.Pid())
+}
+
+// OOMKills is the watch on the VM's memory cgroup, or nil.
+func (v *qemuVM) OOMKills() OOMCounter {
+	if v.oom == nil {
+		return nil
+	}
+	return v.oom
+}
+
+// IOPause is the disk error that holds the VM paused, if any.
+func (v *qemuVM) IOPause() (fmt.Stringer, <-chan struct{}) { return ioPause(v.proc.IOPause()) }
+
+// Release frees what the VM held once QEMU has exited: its record's undo
+// stack, which keeps what it could not undo for the next call.
+func (v *qemuVM) Release(ctx context.Context) error {
+	v.closeOnce.Do(func() {
+		v.stderr.Close()
+		if v.oom != nil {
+			_ = v.oom.Close()
+		}
+	})
+	return v.rec.Release(ctx)
+}
