@@ -1,7 +1,7 @@
 // Package launch is a task's VM on this host: made step by step from its
 // bundle (Launcher.Launch), driven while it runs (VM), and unmade from
 // the task record it keeps in the bundle, by the task's Delete or, after
-// a crash, by the delete action (ReadRecord, record.Release). A pod
+// a crash, by the delete action (ReadRecord, Record.Release). A pod
 // sandbox is made here too: a pause process holding the pod's network
 // namespace. The task service sees all of it through the interfaces of
 // this file.
