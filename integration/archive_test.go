@@ -20,7 +20,30 @@ import (
 // writeArchive writes an OCI image archive named ref whose single,
 // uncompressed layer holds files (path → content). It makes images that
 // vmshim-pack rightly refuses to make, for the bad-input tests.
-func writeArchive(dst, ref string, files map[string][]byte) (retErr error) {
+func writeArchive(dst, ref string, files map[string][]byte) error {
+	entries := make(map[string]layerEntry, len(files))
+	for n, data := range files {
+		entries[n] = layerFile(data)
+	}
+	return writeLinkArchive(dst, ref, entries)
+}
+
+// layerEntry is one file or symlink in the layer of a hand-made test image.
+type layerEntry struct {
+	data []byte // a regular file's content
+	link string // a symlink's target; the entry is a symlink when set
+}
+
+// layerFile makes a regular file entry.
+func layerFile(data []byte) layerEntry { return layerEntry{data: data} }
+
+// layerLink makes a symlink entry.
+func layerLink(target string) layerEntry { return layerEntry{link: target} }
+
+// writeLinkArchive writes an OCI image archive named ref whose single,
+// uncompressed layer holds entries (path → file or symlink), with their
+// parent directories.
+func writeLinkArchive(dst, ref string, entries map[string]layerEntry) (retErr error) {
 	// The archive/tar and JSON writers below only fail on I/O to memory;
 	// collect the first error rather than checking each call.
 	check := func(err error) {
@@ -30,23 +53,31 @@ func writeArchive(dst, ref string, files map[string][]byte) (retErr error) {
 	}
 	var layer bytes.Buffer
 	tw := tar.NewWriter(&layer)
-	names := make([]string, 0, len(files))
-	for n := range files {
+	names := make([]string, 0, len(entries))
+	for n := range entries {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	dirs := map[string]bool{}
 	for _, n := range names {
+		var parents []string
 		for d := path.Dir(n); d != "." && !dirs[d]; d = path.Dir(d) {
 			dirs[d] = true
-			check(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755}))
+			parents = append(parents, d)
 		}
-		check(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: 0o444, Size: int64(len(files[n]))}))
-		_, err := tw.Write(files[n])
+		for i := len(parents) - 1; i >= 0; i-- {
+			check(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: parents[i] + "/", Mode: 0o755}))
+		}
+		e := entries[n]
+		if e.link != "" {
+			check(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: n, Linkname: e.link, Mode: 0o777}))
+			continue
+		}
+		check(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: 0o444, Size: int64(len(e.data))}))
+		_, err := tw.Write(e.data)
 		check(err)
 	}
 	check(tw.Close())
-
 	if retErr != nil {
 		return retErr
 	}

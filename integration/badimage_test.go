@@ -1,30 +1,15 @@
 package integration
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 )
-
-// layerEntry is one file or symlink in the layer of a hand-made test image.
-type layerEntry struct {
-	data []byte // a regular file's content
-	link string // a symlink's target; the entry is a symlink when set
-}
-
-// layerFile makes a regular file entry.
-func layerFile(data []byte) layerEntry { return layerEntry{data: data} }
-
-// layerLink makes a symlink entry.
-func layerLink(target string) layerEntry { return layerEntry{link: target} }
 
 // TestBadImagesFailCleanly runs images that cannot or must not boot: each
 // `ctr run` fails with one line naming the problem and leaves nothing
@@ -173,46 +158,4 @@ func errorLines(out string) []string {
 		lines = append(lines, l)
 	}
 	return lines
-}
-
-// writeLinkArchive is writeArchive for layers that hold symlinks too: an
-// OCI image archive named ref whose single, uncompressed layer holds
-// entries (path → file or symlink), with their parent directories.
-func writeLinkArchive(dst, ref string, entries map[string]layerEntry) (retErr error) {
-	check := func(err error) {
-		if err != nil && retErr == nil {
-			retErr = err
-		}
-	}
-	var layer bytes.Buffer
-	tw := tar.NewWriter(&layer)
-	names := make([]string, 0, len(entries))
-	for n := range entries {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	dirs := map[string]bool{}
-	for _, n := range names {
-		var parents []string
-		for d := path.Dir(n); d != "." && !dirs[d]; d = path.Dir(d) {
-			dirs[d] = true
-			parents = append(parents, d)
-		}
-		for i := len(parents) - 1; i >= 0; i-- {
-			check(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: parents[i] + "/", Mode: 0o755}))
-		}
-		e := entries[n]
-		if e.link != "" {
-			check(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: n, Linkname: e.link, Mode: 0o777}))
-			continue
-		}
-		check(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: 0o444, Size: int64(len(e.data))}))
-		_, err := tw.Write(e.data)
-		check(err)
-	}
-	check(tw.Close())
-	if retErr != nil {
-		return retErr
-	}
-	return writeLayerArchive(dst, ref, layer.Bytes())
 }

@@ -20,9 +20,10 @@ import (
 	"testing"
 	"time"
 
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
 	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/qemu"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // Environment of make bench.

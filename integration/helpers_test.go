@@ -71,9 +71,16 @@ func (c *consoleOut) String() string {
 // waitFor blocks until the output contains marker.
 func (c *consoleOut) waitFor(ctx context.Context, t *testing.T, marker string) {
 	t.Helper()
+	c.waitForAfter(ctx, t, 0, marker)
+}
+
+// waitForAfter blocks until the output after its first from bytes
+// contains marker.
+func (c *consoleOut) waitForAfter(ctx context.Context, t *testing.T, from int, marker string) {
+	t.Helper()
 	for {
 		c.mu.Lock()
-		found, ch := strings.Contains(c.buf.String(), marker), c.changed
+		found, ch := strings.Contains(c.buf.String()[from:], marker), c.changed
 		c.mu.Unlock()
 		if found {
 			return
@@ -81,7 +88,7 @@ func (c *consoleOut) waitFor(ctx context.Context, t *testing.T, marker string) {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			t.Fatalf("console never showed %q: %v\nconsole:\n%s", marker, ctx.Err(), c.String())
+			t.Fatalf("console never showed %q from byte %d on: %v\nconsole:\n%s", marker, from, ctx.Err(), c.String())
 		}
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -45,18 +44,7 @@ const dns6 = "fd00:96::a"
 // that answers every connection to port 9000 with VMSHIM-ROUTED-OK.
 func ipv6Daemon(ctx context.Context, t *testing.T, conf string) *daemon {
 	t.Helper()
-	d, err := startDaemon(os.Getenv(envContainerd), env.binDir, daemonOptions{cni: conf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.stop)
-	pause, err := pauseArchive(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := importArchives(ctx, d, criNamespace, pause, filepath.Join(env.guestDir, "kernel-wait.tar"), filepath.Join(env.guestDir, "disk-cloud.tar")); err != nil {
-		t.Fatal(err)
-	}
+	d := criDaemon(ctx, t, daemonOptions{cni: conf}, "kernel-wait.tar", "disk-cloud.tar")
 	if out, err := exec.Command("ip", "-n", d.netns, "addr", "add", routedIPv6+"/128", "dev", "lo").CombinedOutput(); err != nil {
 		t.Fatalf("ip addr add: %v: %s", err, out)
 	}

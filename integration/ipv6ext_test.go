@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -132,18 +130,7 @@ func pingWithDestOpts(ctx context.Context, path string, dst net.IP) error {
 func TestIPv6ExtensionHeaderRA(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
 	defer cancel()
-	d, err := startDaemon(os.Getenv(envContainerd), env.binDir, daemonOptions{cni: dualStackCNI})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.stop)
-	pause, err := pauseArchive(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := importArchives(ctx, d, criNamespace, pause, filepath.Join(env.guestDir, "kernel-agent.tar")); err != nil {
-		t.Fatal(err)
-	}
+	d := criDaemon(ctx, t, daemonOptions{cni: dualStackCNI}, "kernel-agent.tar")
 	p := runPod6(ctx, t, newCRI(t, d), "ra-ext")
 	vm := p.startVM(ctx, t, imageKernelAgent, nil)
 	vm.waitLog(ctx, t, markerAgent)

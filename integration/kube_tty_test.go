@@ -107,7 +107,7 @@ func (k *kubeCluster) testExecTTY(t *testing.T, p *corev1.Pod) {
 	screen.waitFor(live, t, "/ # ")
 	prompt := len(screen.String())
 	typ("echo tty-$((6*7))\r")
-	waitForAfter(live, t, screen, prompt, "echo tty-$((6*7))")
+	screen.waitForAfter(live, t, prompt, "echo tty-$((6*7))")
 	screen.waitFor(live, t, "tty-42")
 	// Line editing: the guest's terminal erases the character before a
 	// backspace (DEL).
@@ -148,24 +148,5 @@ func (k *kubeCluster) testExecTTY(t *testing.T, p *corev1.Pod) {
 	}
 	if strings.Contains(screen.String(), "not-2-interrupted") {
 		t.Errorf("Ctrl-C did not interrupt sleep")
-	}
-}
-
-// waitForAfter waits until c shows marker in what it got after its first
-// from bytes.
-func waitForAfter(ctx context.Context, t *testing.T, c *consoleOut, from int, marker string) {
-	t.Helper()
-	for {
-		c.mu.Lock()
-		found, ch := strings.Contains(c.buf.String()[from:], marker), c.changed
-		c.mu.Unlock()
-		if found {
-			return
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			t.Fatalf("terminal never showed %q after offset %d: %v", marker, from, ctx.Err())
-		}
 	}
 }

@@ -88,6 +88,30 @@ func pauseArchive(d *daemon) (string, error) {
 	return pause, writeArchive(pause, pauseImage, map[string][]byte{"pause": []byte("vmshim runs no process for pod sandboxes\n")})
 }
 
+// criDaemon starts a daemon of the test's own with opts, stopped when
+// the test ends, and imports the pause image and the named test guests
+// (archives in the guest directory) into the CRI's namespace.
+func criDaemon(ctx context.Context, t *testing.T, opts daemonOptions, guests ...string) *daemon {
+	t.Helper()
+	d, err := startDaemon(os.Getenv(envContainerd), env.binDir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.stop)
+	pause, err := pauseArchive(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	archives := []string{pause}
+	for _, g := range guests {
+		archives = append(archives, filepath.Join(env.guestDir, g))
+	}
+	if err := importArchives(ctx, d, criNamespace, archives...); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 // importImages imports the test guests and the pause image into the
 // namespaces of ctr (the tests') and of the CRI (k8s.io).
 func importImages(ctx context.Context, d *daemon, guestDir string) error {

@@ -8,12 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
+	"github.com/vmshim/vmshim/thread"
 )
 
 const imageKernelWaitCRI = "localhost/vmshim-test/kernel:wait"
@@ -196,31 +195,5 @@ func serveIn(t *testing.T, nsPath, network, addr string, handle func(net.Conn)) 
 // inNetns runs fn on an OS thread inside the network namespace at path.
 // Sockets fn creates stay in that namespace.
 func inNetns(path string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromPath(path)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			errc <- err
-			return
-		}
-		err = fn()
-		// A thread that cannot go back stays locked and dies with the goroutine.
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
+	return thread.Run(fn, thread.JoinNetns(path))
 }

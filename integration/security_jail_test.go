@@ -12,9 +12,8 @@ import (
 	"strings"
 	"testing"
 
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-
 	"golang.org/x/sys/unix"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // TestSecurityJailMounts repeats two attacks on a VM pod through the CRI.

@@ -21,6 +21,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/vmshim/vmshim/thread"
 )
 
 // secSandbox is QEMU's -sandbox, as the shim passes it.
@@ -70,11 +72,11 @@ func TestSecuritySockets(t *testing.T) {
 	uid, gid := secIDs(t, "nobody")
 	// A socket anyone may use proves that connecting as nobody works.
 	open := secOpenSocket(t)
-	if err := secAsUser(uid, gid, func() error { return secConnect(open) }); err != nil {
+	if err := thread.Run(func() error { return secConnect(open) }, secAsUser(uid, gid)); err != nil {
 		t.Fatalf("connect to an open socket as nobody: %v", err)
 	}
 	for _, name := range []string{"qmp.sock", "agent.sock"} {
-		err := secAsUser(uid, gid, func() error { return secConnect(filepath.Join(dir, name)) })
+		err := thread.Run(func() error { return secConnect(filepath.Join(dir, name)) }, secAsUser(uid, gid))
 		if !errors.Is(err, unix.EACCES) {
 			t.Errorf("connect to %s as nobody: %v, want permission denied", name, err)
 		}

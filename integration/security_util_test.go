@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +16,8 @@ import (
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"golang.org/x/sys/unix"
+
+	"github.com/vmshim/vmshim/thread"
 )
 
 // secFrame is a DHCP message a sniffer saw, with the interface it was on.
@@ -201,27 +202,24 @@ func secSocketNamed(t *testing.T, pid, fd int) bool {
 	return named
 }
 
-// secAsUser runs fn on a thread whose file system ids are uid and gid, so
-// that the kernel checks its path lookups and opens as that user's.
-func secAsUser(uid, gid int, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
+// secAsUser is the thread.Step that sets the thread's file system ids
+// to uid and gid, so that the kernel checks its path lookups and opens as
+// that user's; its undo sets them back to root's.
+func secAsUser(uid, gid int) thread.Step {
+	return func() (func() bool, error) {
 		_, _ = unix.SetfsgidRetGid(gid)
 		_, _ = unix.SetfsuidRetUid(uid)
+		back := func() bool {
+			_, _ = unix.SetfsuidRetUid(0)
+			_, _ = unix.SetfsgidRetGid(0)
+			cur, _ := unix.SetfsuidRetUid(-1)
+			return cur == 0
+		}
 		if cur, _ := unix.SetfsuidRetUid(-1); cur != uid {
-			errc <- fmt.Errorf("setfsuid %d did not take", uid)
-			return // the thread stays locked and ends with the goroutine
+			return back, fmt.Errorf("setfsuid %d did not take", uid)
 		}
-		err := fn()
-		_, _ = unix.SetfsuidRetUid(0)
-		_, _ = unix.SetfsgidRetGid(0)
-		if cur, _ := unix.SetfsuidRetUid(-1); cur == 0 {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
+		return back, nil
+	}
 }
 
 // secConnect connects to the unix socket at path and hangs up.

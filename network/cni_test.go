@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -44,48 +43,6 @@ func randomHex(t *testing.T, n int) string {
 		t.Fatal(err)
 	}
 	return hex.EncodeToString(b)
-}
-
-// newNamedNS creates a network namespace bound at /run/netns/name. The
-// caller's thread is switched back before it returns.
-func newNamedNS(t *testing.T, name string) (netns.NsHandle, *netlink.Handle) {
-	t.Helper()
-	var ns netns.NsHandle
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		ns, err = netns.NewNamed(name)
-		if err := netns.Set(orig); err == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	if err := <-errc; err != nil {
-		t.Fatalf("new netns %s: %v", name, err)
-	}
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		ns.Close()
-		_ = netns.DeleteNamed(name)
-		t.Fatalf("netlink handle in %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		h.Close()
-		ns.Close()
-		if _, err := os.Stat(filepath.Join("/run/netns", name)); errors.Is(err, os.ErrNotExist) {
-			return
-		}
-		if err := netns.DeleteNamed(name); err != nil {
-			t.Errorf("delete netns %s: %v", name, err)
-		}
-	})
-	return ns, h
 }
 
 func needCNIPlugins(t *testing.T) {

@@ -1,8 +1,6 @@
 package network
 
 import (
-	"github.com/vmshim/vmshim/thread"
-
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +10,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/vmshim/vmshim/thread"
 )
 
 // netlinkTimeout bounds every netlink request, which takes no context.

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -49,77 +48,6 @@ func needRoot(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces, veth pairs, taps and tc filters")
 	}
-}
-
-// runInNS runs fn on a locked OS thread inside ns.
-func runInNS(ns netns.NsHandle, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		ferr := fn()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- ferr
-	}()
-	return <-errc
-}
-
-// newNS creates an unnamed network namespace with lo up and IPv6 DAD off
-// (so addresses are never "tentative" in snapshots).
-func newNS(t *testing.T) (netns.NsHandle, *netlink.Handle) {
-	t.Helper()
-	var ns netns.NsHandle
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if ns, err = netns.New(); err != nil {
-			errc <- err
-			return
-		}
-		_ = os.WriteFile("/proc/sys/net/ipv6/conf/default/accept_dad", []byte("0"), 0o644)
-		_ = os.WriteFile("/proc/sys/net/ipv6/conf/all/accept_dad", []byte("0"), 0o644)
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- nil
-	}()
-	if err := <-errc; err != nil {
-		t.Fatalf("new netns: %v", err)
-	}
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		ns.Close()
-		t.Fatalf("netlink handle: %v", err)
-	}
-	t.Cleanup(func() {
-		h.Close()
-		ns.Close()
-	})
-	lo, err := h.LinkByName("lo")
-	if err == nil {
-		err = h.LinkSetUp(lo)
-	}
-	if err != nil {
-		t.Fatalf("lo up: %v", err)
-	}
-	return ns, h
 }
 
 func newPodEnv(t *testing.T) *podEnv {

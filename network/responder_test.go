@@ -28,32 +28,6 @@ const (
 	testSinkIf   = "dhcpx0" // tc redirects everything dhcps0 receives here
 )
 
-// inNetns runs f on a locked OS thread inside ns. The thread returns to
-// its original namespace afterwards, or dies with the goroutine when it
-// cannot.
-func inNetns(ns netns.NsHandle, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- fmt.Errorf("get current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- fmt.Errorf("enter netns: %w", err)
-			return
-		}
-		ferr := f()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- ferr
-	}()
-	return <-errc
-}
-
 // newTestNetns creates an unnamed network namespace holding a veth pair
 // dhcps0 (serverMAC) — dhcpc0 (clientMAC), both up. Like the tap in
 // production, dhcps0 has a tc ingress filter that redirects every frame it
@@ -66,33 +40,13 @@ func newTestNetns(t *testing.T, serverMAC, clientMAC net.HardwareAddr) (netns.Ns
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates a network namespace, a veth pair and packet sockets")
 	}
-	type result struct {
-		ns  netns.NsHandle
-		err error
+	ns, err := makeNS(nil)
+	if errors.Is(err, unix.EPERM) {
+		t.Skipf("cannot create a network namespace here (no CAP_SYS_ADMIN): %v", err)
 	}
-	resc := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			resc <- result{err: err}
-			return
-		}
-		defer orig.Close()
-		ns, err := netns.New()
-		if err == nil && netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		resc <- result{ns, err}
-	}()
-	res := <-resc
-	if errors.Is(res.err, unix.EPERM) {
-		t.Skipf("cannot create a network namespace here (no CAP_SYS_ADMIN): %v", res.err)
+	if err != nil {
+		t.Fatalf("create netns: %v", err)
 	}
-	if res.err != nil {
-		t.Fatalf("create netns: %v", res.err)
-	}
-	ns := res.ns
 	t.Cleanup(func() { _ = ns.Close() })
 
 	h, err := netlink.NewHandleAt(ns)
@@ -155,7 +109,7 @@ func newTestNetns(t *testing.T, serverMAC, clientMAC net.HardwareAddr) (netns.Ns
 func newTestResponder(t *testing.T, ns netns.NsHandle, idx int, serverMAC net.HardwareAddr, lease *Lease, log *logrus.Entry) *Responder {
 	t.Helper()
 	var r *Responder
-	err := inNetns(ns, func() (err error) {
+	err := runInNS(ns, func() (err error) {
 		r, err = NewResponder(idx, serverMAC, *lease, log)
 		return err
 	})
@@ -170,7 +124,7 @@ func newTestResponder(t *testing.T, ns netns.NsHandle, idx int, serverMAC net.Ha
 func newTestClient(t *testing.T, ns netns.NsHandle, mac net.HardwareAddr, timeout time.Duration, retries int) *nclient4.Client {
 	t.Helper()
 	var c *nclient4.Client
-	err := inNetns(ns, func() (err error) {
+	err := runInNS(ns, func() (err error) {
 		c, err = nclient4.New(testClientIf, nclient4.WithHWAddr(mac), nclient4.WithTimeout(timeout), nclient4.WithRetry(retries))
 		return err
 	})
@@ -523,7 +477,7 @@ func TestNewResponderErrors(t *testing.T) {
 
 	t.Run("missing interface", func(t *testing.T) {
 		ns, _ := newTestNetns(t, mac, lease.MAC)
-		err := inNetns(ns, func() error {
+		err := runInNS(ns, func() error {
 			r, err := NewResponder(9999, mac, *lease, nil)
 			if err == nil {
 				_ = r.Close()
@@ -544,7 +498,7 @@ type rawFrame struct {
 
 // sendRawFrames sends frames, in order, through an AF_PACKET socket in ns.
 func sendRawFrames(ns netns.NsHandle, frames ...rawFrame) error {
-	return inNetns(ns, func() error {
+	return runInNS(ns, func() error {
 		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			return err

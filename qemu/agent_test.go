@@ -396,44 +396,26 @@ var agentCalls = []struct {
 // has the command, so the call is waiting for the reply.
 func TestAgentCallsEndWithContext(t *testing.T) {
 	for _, ac := range agentCalls {
-		for _, how := range []string{"deadline", "cancel"} {
-			t.Run(ac.cmd+"/"+how, func(t *testing.T) {
-				t.Cleanup(noLeak(t)) // runs after the fake agent's cleanup
-				f := newFakeAgent(t, answer(""))
-				got := f.notify()
-				a := NewAgent(f.path, nil)
-				defer a.Close()
-				ctx, cancel := context.WithCancel(context.Background())
-				defer cancel()
-				want := context.Canceled
-				if how == "deadline" {
-					ctx, cancel = context.WithTimeout(ctx, 500*time.Millisecond)
-					defer cancel()
-					want = context.DeadlineExceeded
-				}
-				errc := make(chan error, 1)
-				go func() { errc <- ac.call(ctx, a) }()
-				waitCommand(t, got, ac.cmd)
-				if how == "cancel" {
-					cancel()
-				}
-				select {
-				case err := <-errc:
-					if !errors.Is(err, want) {
-						t.Errorf("error = %v, want %v", err, want)
+		endsWithContext(t, ac.cmd, func(t *testing.T) silentCall {
+			t.Cleanup(noLeak(t)) // runs after the fake agent's cleanup
+			f := newFakeAgent(t, answer(""))
+			got := f.notify()
+			a := NewAgent(f.path, nil)
+			t.Cleanup(func() { a.Close() })
+			return silentCall{
+				call: func(ctx context.Context) error { return ac.call(ctx, a) },
+				sent: func() { waitCommand(t, got, ac.cmd) },
+				after: func(error) {
+					f.set(func(f *fakeAgent) { f.reply = answer(`{"return": {}}`) })
+					if err := a.Ping(testCtx(t, 5*time.Second)); err != nil {
+						t.Fatalf("Ping after the silence: %v", err)
 					}
-				case <-time.After(5 * time.Second):
-					t.Fatalf("%s without a reply outlived its context", ac.cmd)
-				}
-				f.set(func(f *fakeAgent) { f.reply = answer(`{"return": {}}`) })
-				if err := a.Ping(testCtx(t, 5*time.Second)); err != nil {
-					t.Fatalf("Ping after the silence: %v", err)
-				}
-				if conns, _ := f.stats(); conns != 2 {
-					t.Errorf("%d connections, want 2: the abandoned one is dropped", conns)
-				}
-			})
-		}
+					if conns, _ := f.stats(); conns != 2 {
+						t.Errorf("%d connections, want 2: the abandoned one is dropped", conns)
+					}
+				},
+			}
+		})
 	}
 }
 
@@ -442,20 +424,6 @@ func (f *fakeAgent) notify() <-chan fakeRequest {
 	ch := make(chan fakeRequest, 16)
 	f.set(func(f *fakeAgent) { f.got = ch })
 	return ch
-}
-
-// waitCommand waits until the fake agent has read a command and checks
-// it is cmd.
-func waitCommand(t *testing.T, got <-chan fakeRequest, cmd string) {
-	t.Helper()
-	select {
-	case r := <-got:
-		if r.Execute != cmd {
-			t.Fatalf("agent got %q, want %q", r.Execute, cmd)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatalf("agent never got %s", cmd)
-	}
 }
 
 func TestAgentPeerHangsUp(t *testing.T) {

@@ -7,12 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vmshim/vmshim/thread"
 )
 
 // bootSector returns a 1 MiB disk whose MBR code prints msg on COM1 and
@@ -185,24 +186,14 @@ func TestNICWithTap(t *testing.T) {
 	}
 }
 
-// tapInNewNetns creates a tap device in a new network namespace, entered on
-// a thread that is discarded afterwards, and returns its fd.
+// tapInNewNetns creates a tap device in a new network namespace and
+// returns its fd, which keeps the namespace.
 func tapInNewNetns() (*os.File, error) {
-	type result struct {
-		f   *os.File
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: err}
-			return
-		}
+	var tap *os.File
+	err := thread.Run(func() error {
 		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
 		if err != nil {
-			ch <- result{err: err}
-			return
+			return err
 		}
 		ifr, err := unix.NewIfreq("tap0")
 		if err == nil {
@@ -211,11 +202,10 @@ func tapInNewNetns() (*os.File, error) {
 		}
 		if err != nil {
 			unix.Close(fd)
-			ch <- result{err: errors.Join(errors.New("TUNSETIFF"), err)}
-			return
+			return errors.Join(errors.New("TUNSETIFF"), err)
 		}
-		ch <- result{f: os.NewFile(uintptr(fd), "tap0")}
-	}()
-	r := <-ch
-	return r.f, r.err
+		tap = os.NewFile(uintptr(fd), "tap0")
+		return nil
+	}, thread.NewNetns)
+	return tap, err
 }

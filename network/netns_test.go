@@ -1,0 +1,94 @@
+package network
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmshim/vmshim/thread"
+)
+
+// runInNS runs fn on a locked OS thread inside ns (thread.Run).
+func runInNS(ns netns.NsHandle, fn func() error) error {
+	return thread.Run(fn, thread.JoinNetns(fmt.Sprintf("/proc/self/fd/%d", int(ns))))
+}
+
+// makeNS makes an unnamed network namespace and returns a handle to it;
+// set, when not nil, runs in it first.
+func makeNS(set func() error) (netns.NsHandle, error) {
+	ns := netns.None()
+	err := thread.Run(func() (err error) {
+		if set != nil {
+			if err := set(); err != nil {
+				return err
+			}
+		}
+		ns, err = netns.Get()
+		return err
+	}, thread.NewNetns)
+	return ns, err
+}
+
+// newNS creates an unnamed network namespace with lo up and IPv6 DAD off
+// (so addresses are never "tentative" in snapshots).
+func newNS(t *testing.T) (netns.NsHandle, *netlink.Handle) {
+	t.Helper()
+	ns, err := makeNS(func() error {
+		_ = os.WriteFile("/proc/sys/net/ipv6/conf/default/accept_dad", []byte("0"), 0o644)
+		_ = os.WriteFile("/proc/sys/net/ipv6/conf/all/accept_dad", []byte("0"), 0o644)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("new netns: %v", err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		ns.Close()
+		t.Fatalf("netlink handle: %v", err)
+	}
+	t.Cleanup(func() {
+		h.Close()
+		ns.Close()
+	})
+	lo, err := h.LinkByName("lo")
+	if err == nil {
+		err = h.LinkSetUp(lo)
+	}
+	if err != nil {
+		t.Fatalf("lo up: %v", err)
+	}
+	return ns, h
+}
+
+// newNamedNS creates a namespace as newNS does and binds it at
+// /run/netns/name, as ip-netns(8) names one; the name goes with the test.
+func newNamedNS(t *testing.T, name string) (netns.NsHandle, *netlink.Handle) {
+	t.Helper()
+	ns, h := newNS(t)
+	path := filepath.Join("/run/netns", name)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", int(ns)), path, "none", unix.MS_BIND, ""); err != nil {
+		_ = os.Remove(path)
+		t.Fatalf("bind netns at %s: %v", path, err)
+	}
+	t.Cleanup(func() {
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			return
+		}
+		if err := netns.DeleteNamed(name); err != nil {
+			t.Errorf("delete netns %s: %v", name, err)
+		}
+	})
+	return ns, h
+}
