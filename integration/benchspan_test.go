@@ -9,11 +9,12 @@ import (
 )
 
 // spanSteps are the steps of a VM container's Create and Start, in their
-// order, as the shim's span log lines name them (shim/span.go). The qemu
+// order, as the shim's span log lines name them (launch/span.go, and
+// launch/steps.go for Create's). The qemu
 // step holds the three phases after it; the rest follow one another.
 var spanSteps = []string{
-	"resolve config", "record", "claim pod", "rootfs", "netns", "disks", "firmware", "host devices",
-	"shares", "network", "seed", "cgroup", "accelerator", "jail", "resources",
+	"resolve config", "record", "claim pod", "cgroup", "rootfs", "netns", "disks", "firmware", "host devices",
+	"shares", "network", "seed", "accelerator", "jail", "kernel", "resources",
 	"qemu", "qemu exec", "qmp greeting", "qmp setup", "pin vcpus", "start hooks", "cont",
 }
 

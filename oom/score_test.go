@@ -39,7 +39,6 @@ func TestSetScoreAdj(t *testing.T) {
 	}
 }
 
-
 func TestRaiseScoreAdj(t *testing.T) {
 	cmd := exec.Command("sleep", "30")
 	if err := cmd.Start(); err != nil {
