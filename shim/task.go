@@ -20,9 +20,9 @@ import (
 	"github.com/vmshim/vmshim/procmem"
 )
 
-// qmpTimeout bounds each QMP call the task makes: one that starts, stops
+// vmCallTimeout bounds each call the task makes to its VM: one that starts, stops
 // or restarts the vCPUs, or presses the power button.
-const qmpTimeout = 10 * time.Second
+const vmCallTimeout = 10 * time.Second
 
 // flushTimeout bounds how long an exit waits for the last console output
 // to reach stdout, and the exits of its execs for their output, before it
@@ -49,7 +49,7 @@ type stdio struct {
 type task struct {
 	id     string
 	bundle string
-	pid    int // QEMU's
+	pid    int // the VM's process
 	stdio  stdio
 	vm     launch.VM
 	cons   *console
@@ -58,7 +58,7 @@ type task struct {
 	// opMu serializes the calls that change whether the vCPUs run (see
 	// vcpus); it is never taken by kill, state or delete.
 	opMu     sync.Mutex
-	mu       sync.Mutex // guards st, starting, exitCode, exitedAt and execs; the only writer of st is transition; never held across a call to QEMU or the guest agent
+	mu       sync.Mutex // guards st, starting, exitCode, exitedAt and execs; the only writer of st is transition; never held across a call to the VM or the guest agent
 	st       state
 	starting bool // a Start is under way
 	exitCode int
@@ -117,7 +117,7 @@ func (t *task) followOOM(ctx context.Context, c launch.OOMCounter) {
 // reportOOM queues TaskOOM when the cgroup's kill count has risen since
 // the last report, unless the exit is queued already; callers hold t.mu.
 // The kernel counts a kill before it sends SIGKILL, so the monitor's call
-// at exit sees the kill that ended QEMU.
+// at exit sees the kill that ended the VM.
 func (t *task) reportOOM(ctx context.Context) {
 	c := t.vm.OOMKills()
 	if c == nil || t.exitQueued {
@@ -136,7 +136,7 @@ func (t *task) reportOOM(ctx context.Context) {
 
 // followIOPause makes the task paused while a disk error holds the VM
 // paused, and says why on its console, until the VM exits. The task runs
-// again when it is resumed (QEMU retries the request then, and pauses
+// again when it is resumed (the VM retries the request then, and pauses
 // again if it still fails).
 func (t *task) followIOPause(ctx context.Context) {
 	for {
@@ -190,7 +190,7 @@ func (t *task) event(from, to state) any {
 	return nil
 }
 
-// monitor waits for QEMU to exit, lets the console drain, records the
+// monitor waits for the VM to exit, lets the console drain, records the
 // exit, ends the execs and queues their exits, then the task's.
 func (t *task) monitor(ctx context.Context) {
 	<-t.vm.Done()
@@ -295,11 +295,11 @@ func (t *task) run(ctx context.Context) error {
 	})
 }
 
-// vcpus runs op, a QMP call that changes whether the vCPUs run, if check
+// vcpus runs op, a call to the VM that changes whether the vCPUs run, if check
 // accepts the task's state, and then moves the task to state to, which
 // queues the move's event. The call
 // runs under opMu, not mu, and with a deadline: kill, state and delete
-// never wait behind a QEMU that does not answer (stopped, or stuck), and
+// never wait behind a VM that does not answer (stopped, or stuck), and
 // SIGKILL ends it whatever op is waiting for. A task that exited during
 // the call stays stopped, and the call fails.
 func (t *task) vcpus(ctx context.Context, what string, to state, op func(context.Context) error, check func(state) error) error {
@@ -311,7 +311,7 @@ func (t *task) vcpus(ctx context.Context, what string, to state, op func(context
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, qmpTimeout)
+	ctx, cancel := context.WithTimeout(ctx, vmCallTimeout)
 	defer cancel()
 	if err := op(ctx); err != nil {
 		return fmt.Errorf("%s vm %s: %w", what, t.id, err)
@@ -325,8 +325,8 @@ func (t *task) vcpus(ctx context.Context, what string, to state, op func(context
 }
 
 // kill delivers a signal the way a VM understands it: SIGTERM, SIGINT and
-// SIGPWR press the power button (a QMP call, within qmpTimeout), SIGKILL
-// stops QEMU at once. It takes no lock across either.
+// SIGPWR press the power button (a call within vmCallTimeout), SIGKILL
+// stops the VM at once. It takes no lock across either.
 func (t *task) kill(ctx context.Context, sig uint32) error {
 	t.mu.Lock()
 	st := t.st
@@ -344,7 +344,7 @@ func (t *task) kill(ctx context.Context, sig uint32) error {
 			// A guest whose vCPUs never ran cannot see the power button.
 			return t.vm.Kill()
 		}
-		ctx, cancel := context.WithTimeout(ctx, qmpTimeout)
+		ctx, cancel := context.WithTimeout(ctx, vmCallTimeout)
 		defer cancel()
 		if err := t.vm.Powerdown(ctx); err != nil {
 			return fmt.Errorf("task %s: %w", t.id, err)

@@ -28,8 +28,7 @@ const (
 	initialSizeWait = time.Second
 	// ttyAgentTimeout bounds each guest agent call of a session.
 	ttyAgentTimeout = 10 * time.Second
-	// ttyPortTimeout bounds adding or removing a session's port (a QMP
-	// call).
+	// ttyPortTimeout bounds adding or removing a session's port.
 	ttyPortTimeout = 10 * time.Second
 	// ttyOutputTimeout bounds how long the output, once the program has
 	// ended, waits for a reader.
@@ -95,7 +94,7 @@ type ttySession struct {
 	header      chan struct{}      // closed once the first size is written to the port
 	outDone     chan struct{}      // closed once the output relay has ended (when open)
 
-	mu          sync.Mutex // guards everything below; never held across a call to the agent or QEMU
+	mu          sync.Mutex // guards everything below; never held across a call to the agent or the VM
 	st          ttyState
 	port        launch.GuestPort // set while open
 	pid         int              // script's guest pid, while open
@@ -480,7 +479,7 @@ func (s *ttySession) output(conn net.Conn, done chan<- struct{}) {
 	}
 }
 
-// markVMGone records that the VM has gone: close then makes no QMP call.
+// markVMGone records that the VM has gone: close then asks it nothing.
 func (s *ttySession) markVMGone() {
 	s.mu.Lock()
 	s.vmGone = true
@@ -489,7 +488,7 @@ func (s *ttySession) markVMGone() {
 
 // close ends the session once its program has ended, the exec was
 // killed or the VM has gone: input and resizes stop, the port is removed
-// (QEMU then closes its end, so the output is read to its end), and the
+// (the VM then closes its end, so the output is read to its end), and the
 // output fifo is closed, within ttyOutputTimeout or until dropOut. Only the
 // first call acts.
 func (s *ttySession) close() {
