@@ -56,6 +56,8 @@ const (
 type Config struct {
 	QEMUBinary    string `toml:"qemu_binary"`    // QEMU system emulator, a command name (looked up in PATH by the caller) or an absolute path
 	QEMUImg       string `toml:"qemu_img"`       // qemu-img, a command name or an absolute path
+	RuncShim      string `toml:"runc_shim"`      // containerd's runc shim, which runs a VM pod's ordinary containers; a command name or an absolute path
+	Runc          string `toml:"runc"`           // the runc the runc shim runs them with; "" for its own default
 	Accel         string `toml:"accel"`          // auto, kvm or tcg
 	DefaultVCPUs  int    `toml:"default_vcpus"`  // vCPUs when neither an annotation nor a CPU limit says
 	DefaultMemory string `toml:"default_memory"` // guest RAM (Kubernetes quantity) when neither an annotation nor a memory limit says
@@ -141,6 +143,7 @@ func Default() Config {
 	return Config{
 		QEMUBinary:            "qemu-system-x86_64",
 		QEMUImg:               "qemu-img",
+		RuncShim:              "containerd-shim-runc-v2",
 		Accel:                 AccelAuto,
 		DefaultVCPUs:          1,
 		DefaultMemory:         "512Mi",
@@ -249,9 +252,14 @@ func (c Config) validate() error {
 	add := func(key, format string, args ...any) {
 		problems = append(problems, key+": "+fmt.Sprintf(format, args...))
 	}
-	for key, v := range map[string]string{"qemu_binary": c.QEMUBinary, "qemu_img": c.QEMUImg} {
+	for key, v := range map[string]string{"qemu_binary": c.QEMUBinary, "qemu_img": c.QEMUImg, "runc_shim": c.RuncShim} {
 		if msg := checkCommand(v); msg != "" {
 			add(key, "%s", msg)
+		}
+	}
+	if c.Runc != "" {
+		if msg := checkCommand(c.Runc); msg != "" {
+			add("runc", "%s", msg)
 		}
 	}
 	if !oneOf(c.Accel, AccelAuto, AccelKVM, AccelTCG) {

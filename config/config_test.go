@@ -26,7 +26,7 @@ func TestDefaultIsValid(t *testing.T) {
 		t.Fatalf("Default().Validate() = %v", err)
 	}
 	want := Config{
-		QEMUBinary: "qemu-system-x86_64", QEMUImg: "qemu-img", Accel: "auto",
+		QEMUBinary: "qemu-system-x86_64", QEMUImg: "qemu-img", RuncShim: "containerd-shim-runc-v2", Accel: "auto",
 		DefaultVCPUs: 1, DefaultMemory: "512Mi", MaxVCPUs: 16, MaxMemory: "16Gi", MemoryOverhead: "192Mi",
 		MaxDiskSize: "256Gi", DiskDriver: "virtio-blk", KernelCmdline: "console=ttyS0 no_timer_check",
 		Sandbox: true, BootTimeout: "60s",
@@ -87,7 +87,7 @@ uefi_secure_vars = "/srv/ovmf/vars.ms.fd"
 `,
 			want: func(c *Config) {
 				*c = Config{
-					QEMUBinary: "/usr/bin/qemu-system-x86_64", QEMUImg: "/usr/bin/qemu-img", Accel: "tcg",
+					QEMUBinary: "/usr/bin/qemu-system-x86_64", QEMUImg: "/usr/bin/qemu-img", RuncShim: "containerd-shim-runc-v2", Accel: "tcg",
 					DefaultVCPUs: 2, DefaultMemory: "1Gi", MaxVCPUs: 4, MaxMemory: "2Gi", MemoryOverhead: "256Mi",
 					MaxDiskSize: "20Gi", DiskDriver: "nvme", KernelCmdline: "console=ttyS0 quiet",
 					Sandbox: false, BootTimeout: "2m",

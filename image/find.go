@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/containerd/errdefs"
 	securejoin "github.com/cyphar/filepath-securejoin"
 	"golang.org/x/sys/unix"
 
@@ -62,6 +63,10 @@ func (b *Boot) Close() error {
 
 // noDisk is the message of the error Find returns when the rootfs holds no VM.
 const noDisk = "no VM disk in image: expected a disk file under /disk/ or at /, or a kernel under /boot/"
+
+// ErrNoVM is the error Find returns, errdefs.ErrNotFound as well, when the
+// rootfs holds no VM: the image is an ordinary container's.
+var ErrNoVM = errdefs.ErrNotFound.WithMessage(noDisk)
 
 // Find looks for the VM in rootfs: one disk file under /disk/, or the two
 // files of a pointer image there (PointerURLFile and PointerSHA256File, and
@@ -157,7 +162,7 @@ func findKernel(root string) (*Boot, error) {
 		}
 	}
 	if kernel == "" {
-		return nil, notFoundf("%s", noDisk)
+		return nil, ErrNoVM
 	}
 	b := &Boot{Root: root}
 	var err error

@@ -145,5 +145,9 @@ type Request struct {
 
 // Launcher makes VMs.
 type Launcher interface {
+	// Classify decides whether the container r makes runs a VM (or a
+	// pod sandbox) this package makes, or is an ordinary container.
+	Classify(ctx context.Context, r *Request) (Class, error)
+	// Launch makes the VM of a container Classify found to be one.
 	Launch(ctx context.Context, r *Request) (VM, error)
 }

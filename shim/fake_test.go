@@ -24,6 +24,7 @@ import (
 
 	"github.com/vmshim/vmshim/launch"
 	"github.com/vmshim/vmshim/logtest"
+	"github.com/vmshim/vmshim/runcshim"
 )
 
 // waitTimeout bounds every wait in these tests; nothing should come close.
@@ -328,6 +329,20 @@ type fakeLauncher struct {
 	next    int
 	vms     map[string]*fakeVM
 	reqs    []*launch.Request
+	// ordinary names the containers Classify finds ordinary, to be run
+	// by runcShim.
+	ordinary map[string]bool
+	runcShim string
+}
+
+// Classify finds every container a VM, but for those ordinary names.
+func (l *fakeLauncher) Classify(_ context.Context, r *launch.Request) (launch.Class, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ordinary[r.ID] {
+		return launch.Class{RuncShim: l.runcShim}, nil
+	}
+	return launch.Class{VM: true}, nil
 }
 
 func newFakeLauncher() *fakeLauncher {
@@ -505,7 +520,7 @@ func newLoggedService(t *testing.T) (*service, *fakeLauncher, *fakePublisher, sh
 	base, rec := testLogger(t)
 	ctx, sd := shutdown.WithShutdown(namespaces.WithNamespace(base, "test"))
 	l, p := newFakeLauncher(), newFakePublisher()
-	ts, err := NewTaskService(ctx, p, sd, l)
+	ts, err := NewTaskService(ctx, p, sd, l, runcshim.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/launch"
 	"github.com/vmshim/vmshim/oom"
+	"github.com/vmshim/vmshim/runcshim"
 )
 
 // manager implements the shim binary's start and delete actions.
@@ -184,6 +185,9 @@ func (m manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 		return shim.StopStatus{}, err
 	}
 	status := shim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(unix.SIGKILL)}
+	if rr, err := runcshim.ReadRecord(bundle); err != nil || rr != nil {
+		return stopOrdinary(ctx, bundle, rr, status, err)
+	}
 	// A pod sandbox's bundle names the cgroup its shim ran in; the shim
 	// is gone (it crashed, or was OOM-killed there), so it can go.
 	defer func() {
@@ -207,6 +211,30 @@ func (m manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 		log.G(ctx).WithError(err).WithField("id", id).Warn("delete action")
 	}
 	return status, nil
+}
+
+// stopOrdinary is the delete action of an ordinary container, which the
+// pod's runc shim runs (see runcshim.Cleanup): it reports the exit the
+// runc shim knows, or SIGKILL's when it knows none.
+func stopOrdinary(ctx context.Context, bundle string, rec *runcshim.Record, status shim.StopStatus, err error) (shim.StopStatus, error) {
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("delete action")
+		return status, nil
+	}
+	ns, _ := namespaces.Namespace(ctx)
+	cfg := runcshim.Config{
+		Binary: config.Default().RuncShim, Address: os.Getenv("GRPC_ADDRESS"), TTRPCAddress: os.Getenv("TTRPC_ADDRESS"),
+		Containerd: flagValue(os.Args, "-publish-binary"), SocketDir: runcSocketDir,
+	}
+	if c, err := config.Load(config.PathFrom("")); err == nil {
+		cfg.Binary, cfg.Runc = c.RuncShim, c.Runc
+	}
+	resp, err := runcshim.Cleanup(ctx, cfg, ns, bundle, rec)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("id", rec.ID).Warn("delete action")
+		return status, nil
+	}
+	return shim.StopStatus{Pid: int(resp.Pid), ExitStatus: int(resp.ExitStatus), ExitedAt: resp.ExitedAt.AsTime()}, nil
 }
 
 // publishOOM sends containerd a TaskOOM event for each task in ids,

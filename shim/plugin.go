@@ -1,6 +1,10 @@
 package shim
 
 import (
+	"os"
+	"slices"
+	"strings"
+
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/containerd/v2/pkg/shutdown"
 	"github.com/containerd/containerd/v2/plugins"
@@ -8,6 +12,7 @@ import (
 	"github.com/containerd/plugin/registry"
 
 	"github.com/vmshim/vmshim/launch"
+	"github.com/vmshim/vmshim/runcshim"
 )
 
 // RuntimeName is the runtime type containerd knows this shim by.
@@ -28,7 +33,27 @@ func Register() {
 			if err != nil {
 				return nil, err
 			}
-			return NewTaskService(ic.Context, pp.(shim.Publisher), ss.(shutdown.Service), launch.NewLauncher(ic.Properties[plugins.PropertyGRPCAddress]))
+			grpc := ic.Properties[plugins.PropertyGRPCAddress]
+			rc := runcshim.Config{
+				Address: grpc, TTRPCAddress: ic.Properties[plugins.PropertyTTRPCAddress],
+				Containerd: flagValue(os.Args, "-publish-binary"), Debug: slices.Contains(os.Args, "-debug"),
+				SocketDir: runcSocketDir,
+			}
+			return NewTaskService(ic.Context, pp.(shim.Publisher), ss.(shutdown.Service), launch.NewLauncher(grpc), rc)
 		},
 	})
+}
+
+// flagValue is the value given to flag name in args (-name value or
+// -name=value), "" for none.
+func flagValue(args []string, name string) string {
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return v
+		}
+		if a == name && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
 }

@@ -27,6 +27,7 @@ import (
 
 	"github.com/vmshim/vmshim/cgroup"
 	"github.com/vmshim/vmshim/launch"
+	"github.com/vmshim/vmshim/runcshim"
 )
 
 var _ shim.TTRPCService = (*service)(nil)
@@ -54,12 +55,15 @@ type service struct {
 
 	cgroup    string    // the cgroup of its own the shim runs in, inside its pod's; "" for none
 	leaveOnce sync.Once // leaves and removes cgroup
+
+	ordinary *ordinaryTasks // the pod's containers whose image holds no VM, run by containerd's runc shim
 }
 
 // NewTaskService returns the task service; it publishes events until the
 // shim shuts down.
-func NewTaskService(ctx context.Context, publisher shim.Publisher, sd shutdown.Service, l launch.Launcher) (taskAPI.TTRPCTaskService, error) {
+func NewTaskService(ctx context.Context, publisher shim.Publisher, sd shutdown.Service, l launch.Launcher, rc runcshim.Config) (taskAPI.TTRPCTaskService, error) {
 	s := &service{
+		ordinary: newOrdinaryTasks(rc),
 		ctx:      ctx,
 		launcher: l,
 		shutdown: sd,
@@ -109,6 +113,17 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	req := &launch.Request{ID: r.ID, Bundle: r.Bundle, Rootfs: mount.FromProto(r.Rootfs)}
 	if r.Options != nil {
 		req.Options = r.Options
+	}
+	class, err := s.launcher.Classify(ctx, req)
+	if err != nil {
+		return nil, toGRPC(createError(err))
+	}
+	if !class.VM {
+		resp, err := s.ordinary.create(ctx, r, class)
+		if err != nil {
+			return nil, toGRPC(createError(err))
+		}
+		return resp, nil
 	}
 	io := stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal}
 	ns, _ := namespaces.Namespace(ctx)
@@ -170,6 +185,9 @@ func createError(err error) error {
 // Start runs the VM, or an exec's program in the guest; the task or exec
 // queues TaskStart or TaskExecStarted as it starts.
 func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
+	if rt := s.ordinary.get(r.ID); rt != nil {
+		return rt.Start(ctx, r)
+	}
 	t, e, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -189,6 +207,13 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 
 // Delete releases a stopped task or exec; the task queues TaskDelete.
 func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+	if rt := s.ordinary.get(r.ID); rt != nil {
+		resp, err := rt.Delete(ctx, r)
+		if err == nil && r.ExecID == "" {
+			s.ordinary.deleted(ctx, r.ID)
+		}
+		return resp, err
+	}
 	t, e, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -212,6 +237,9 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 
 // State reports the task's or exec's status.
 func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
+	if rt := s.ordinary.get(r.ID); rt != nil {
+		return rt.State(ctx, r)
+	}
 	t, e, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -235,6 +263,9 @@ func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.
 // Kill delivers a signal to the VM (see task.kill) or to an exec's
 // program in the guest.
 func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptypb.Empty, error) {
+	if rt := s.ordinary.get(r.ID); rt != nil {
+		return rt.Kill(ctx, r)
+	}
 	t, e, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -252,6 +283,9 @@ func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptypb.Em
 
 // Wait blocks until the task or exec exits.
 func (s *service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.WaitResponse, error) {
+	if rt := s.ordinary.get(r.ID); rt != nil {
+		return rt.Wait(ctx, r)
+	}
 	t, e, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -272,6 +306,9 @@ func (s *service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.Wa
 
 // Pids lists the VM's process.
 func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.PidsResponse, error) {
+	if rt := s.ordinary.get(r.ID); rt != nil {
+		return rt.Pids(ctx, r)
+	}
 	t, _, err := s.get(r.ID, "")
 	if err != nil {
 		return nil, err
@@ -281,6 +318,9 @@ func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.Pi
 
 // Pause stops the VM's vCPUs; the task queues TaskPaused.
 func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*emptypb.Empty, error) {
+	if rt := s.ordinary.get(r.ID); rt != nil {
+		return rt.Pause(ctx, r)
+	}
 	t, _, err := s.get(r.ID, "")
 	if err != nil {
 		return nil, err
@@ -293,6 +333,9 @@ func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*emptypb.
 
 // Resume restarts the VM's vCPUs; the task queues TaskResumed.
 func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*emptypb.Empty, error) {
+	if rt := s.ordinary.get(r.ID); rt != nil {
+		return rt.Resume(ctx, r)
+	}
 	t, _, err := s.get(r.ID, "")
 	if err != nil {
 		return nil, err
@@ -307,6 +350,9 @@ func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*emptyp
 // terminal, which then hangs up. An exec without a terminal reads stdin
 // until containerd closes its fifo, so there is nothing to do for one.
 func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*emptypb.Empty, error) {
+	if rt := s.ordinary.get(r.ID); rt != nil {
+		return rt.CloseIO(ctx, r)
+	}
 	t, e, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -326,6 +372,9 @@ func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*empt
 // it is accepted and ignored: the guest's serial console has no window
 // size to set.
 func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*emptypb.Empty, error) {
+	if rt := s.ordinary.get(r.ID); rt != nil {
+		return rt.ResizePty(ctx, r)
+	}
 	_, e, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -341,6 +390,9 @@ func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*
 // Exec adds a program to run in the guest through its agent; the task
 // queues TaskExecAdded.
 func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*emptypb.Empty, error) {
+	if rt := s.ordinary.get(r.ID); rt != nil {
+		return rt.Exec(ctx, r)
+	}
 	t, _, err := s.get(r.ID, "")
 	if err != nil {
 		return nil, err
@@ -354,11 +406,17 @@ func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*emp
 
 // Checkpoint is not supported for VM tasks.
 func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*emptypb.Empty, error) {
+	if rt := s.ordinary.get(r.ID); rt != nil {
+		return rt.Checkpoint(ctx, r)
+	}
 	return nil, errgrpc.ToGRPCf(errdefs.ErrNotImplemented, "checkpoint is not supported by VM tasks")
 }
 
 // Update applies new resource limits to a VM (see task.update).
 func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*emptypb.Empty, error) {
+	if rt := s.ordinary.get(r.ID); rt != nil {
+		return rt.Update(ctx, r)
+	}
 	t, _, err := s.get(r.ID, "")
 	if err != nil {
 		return nil, err
@@ -371,6 +429,9 @@ func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*em
 
 // Stats reports the VM's cgroup usage.
 func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
+	if rt := s.ordinary.get(r.ID); rt != nil {
+		return rt.Stats(ctx, r)
+	}
 	t, _, err := s.get(r.ID, "")
 	if err != nil {
 		return nil, err
@@ -388,6 +449,9 @@ func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 
 // Connect returns the shim's and the VM's pids.
 func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
+	if rt := s.ordinary.get(r.ID); rt != nil {
+		return rt.Connect(ctx, r)
+	}
 	resp := &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid())}
 	if t, _, err := s.get(r.ID, ""); err == nil {
 		resp.TaskPid = uint32(t.pid)
@@ -398,9 +462,10 @@ func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*task
 // Shutdown ends the shim once it serves no task.
 func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*emptypb.Empty, error) {
 	s.mu.Lock()
-	n := len(s.tasks) + len(s.creating)
+	n := len(s.tasks) + len(s.creating) + s.ordinary.count()
 	s.mu.Unlock()
 	if n == 0 {
+		s.ordinary.shutdown(ctx)
 		// Before the reply: the pod's cgroup has no child of the shim's
 		// left once containerd is done with the pod.
 		s.leaveCgroup()

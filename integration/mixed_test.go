@@ -1,0 +1,163 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/pkg/oci"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// busyboxImage is an ordinary container image (Debian's static busybox),
+// with no VM in it: the runc shim runs its containers.
+const busyboxImage = "localhost/vmshim-test/busybox:1"
+
+// importBusybox imports busyboxImage into the suite daemon's namespace ns.
+func importBusybox(ctx context.Context, t *testing.T, ns string) {
+	t.Helper()
+	archive := filepath.Join(t.TempDir(), "busybox.tar")
+	if err := writeBusyboxArchive(archive, busyboxImage); err != nil {
+		t.Fatal(err)
+	}
+	if err := importArchives(ctx, env.daemon, ns, archive); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// createOrdinary creates a busybox container running cmd in the pod, with
+// the host directory dir mounted at /data when dir is not empty.
+func (p *pod) createOrdinary(ctx context.Context, t *testing.T, name, dir string, cmd ...string) *criContainer {
+	t.Helper()
+	cfg := &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: name},
+		Image:    &runtimeapi.ImageSpec{Image: busyboxImage},
+		Command:  append([]string{"/bin/busybox"}, cmd...),
+		LogPath:  name + ".log",
+	}
+	if dir != "" {
+		cfg.Mounts = []*runtimeapi.Mount{{ContainerPath: "/data", HostPath: dir}}
+	}
+	created, err := p.c.runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: p.id, Config: cfg, SandboxConfig: p.config})
+	if err != nil {
+		t.Fatalf("CreateContainer %s: %v\ncontainerd log:\n%s", name, err, p.c.d.logTail())
+	}
+	return &criContainer{p: p, id: created.ContainerId, log: filepath.Join(p.config.LogDirectory, cfg.LogPath)}
+}
+
+// startOrdinary is createOrdinary, then StartContainer.
+func (p *pod) startOrdinary(ctx context.Context, t *testing.T, name, dir string, cmd ...string) *criContainer {
+	t.Helper()
+	c := p.createOrdinary(ctx, t, name, dir, cmd...)
+	if _, err := p.c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: c.id}); err != nil {
+		t.Fatalf("StartContainer %s: %v\ncontainerd log:\n%s", name, err, p.c.d.logTail())
+	}
+	return c
+}
+
+// runcShimsOf lists the runc shim processes started for container id.
+func runcShimsOf(id string) []string {
+	var out []string
+	for _, p := range processesMentioning("containerd-shim-runc-v2 ") {
+		if strings.Contains(p, " -id "+id+" ") {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// TestMixedPod runs ordinary containers beside a VM in one VM pod, as
+// the kubelet orders them: an init container writes into a volume and
+// exits, the VM boots, a sidecar runs beside it and answers exec. The
+// ordinary containers run under containerd's runc shim, one for the pod;
+// the pod's removal leaves no runc shim behind.
+func TestMixedPod(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*bootTimeout)
+	defer cancel()
+	importBusybox(ctx, t, criNamespace)
+	c := newCRI(t, env.daemon)
+	p := c.runPod(ctx, t, "mixed")
+	dir := t.TempDir()
+
+	// The init container: runs, writes, exits 0, before the VM.
+	init := p.startOrdinary(ctx, t, "init", dir, "sh", "-c", "echo from-init >/data/greeting && echo init done")
+	if st := init.waitExited(ctx, t); st.ExitCode != 0 {
+		t.Fatalf("init container: exit %d (%s), want 0", st.ExitCode, st.Message)
+	}
+	init.waitLog(ctx, t, "init done")
+	if b, err := os.ReadFile(filepath.Join(dir, "greeting")); err != nil || string(b) != "from-init\n" {
+		t.Fatalf("what the init container wrote: %q, %v", b, err)
+	}
+	shims := runcShimsOf(init.id)
+	if len(shims) != 1 {
+		t.Fatalf("runc shims of the pod: %q, want one, started for the first ordinary container", shims)
+	}
+	if vmShims := shimsOf(init.id); len(vmShims) != 0 {
+		t.Errorf("a VM shim of its own for the init container: %v", vmShims)
+	}
+
+	vm := p.startVM(ctx, t, imageKernelWaitCRI, nil)
+	vm.waitLog(ctx, t, "VMSHIM-LEASE")
+
+	// The sidecar runs beside the VM, under the same runc shim.
+	side := p.startOrdinary(ctx, t, "side", dir, "sleep", "3600")
+	if st := side.status(ctx, t); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("sidecar state %v, want running", st.State)
+	}
+	if got := side.mustExec(ctx, t, "/bin/busybox", "cat", "/data/greeting"); got != "from-init\n" {
+		t.Errorf("sidecar reads %q from the volume, want the init container's", got)
+	}
+	if got := strings.TrimSpace(side.mustExec(ctx, t, "/bin/busybox", "sh", "-c", "echo $$; cat /proc/1/cmdline | tr '\\0' ' '")); !strings.Contains(got, "sleep 3600") {
+		t.Errorf("sidecar's pid 1: %q, want its own sleep", got)
+	}
+	if got := runcShimsOf(init.id); len(got) != 1 || got[0] != shims[0] {
+		t.Errorf("runc shims after the sidecar: %q, want the pod's one %q", got, shims)
+	}
+	if st := vm.status(ctx, t); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Errorf("VM state %v beside the sidecar, want running", st.State)
+	}
+
+	side.stop(ctx, t, 2)
+	if st := side.waitExited(ctx, t); st.ExitCode == 0 {
+		t.Errorf("stopped sidecar: exit %d, want a signal's", st.ExitCode)
+	}
+	vm.stop(ctx, t, 30)
+	vm.waitExited(ctx, t)
+	p.remove(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(runcShimsOf(init.id)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if left := runcShimsOf(init.id); len(left) != 0 {
+		t.Errorf("runc shim left after the pod's removal: %q", left)
+	}
+	if left := processesMentioning(p.id); len(left) != 0 {
+		t.Errorf("processes left after the pod's removal: %q", left)
+	}
+}
+
+// TestCtrOrdinary runs an ordinary image with ctr's runtime option set to
+// the VM runtime: it runs under runc, its exit code comes back, and its
+// delete leaves no runc shim.
+func TestCtrOrdinary(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+	defer cancel()
+	importBusybox(ctx, t, testNamespace)
+	id := uniqueID(t)
+	v, err := createVM(ctx, t, id, busyboxImage, nil, oci.WithProcessArgs("/bin/busybox", "sh", "-c", "echo ordinary; exit 7"))
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	v.start(ctx, t)
+	if code := v.waitExit(ctx, t); code != 7 {
+		t.Errorf("exit %d, want 7", code)
+	}
+	v.console.waitFor(ctx, t, "ordinary")
+	v.remove(t)
+	if left := runcShimsOf(id); len(left) != 0 {
+		t.Errorf("runc shim left after delete: %q", left)
+	}
+}
