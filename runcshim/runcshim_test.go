@@ -4,151 +4,20 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types/runc/options"
-	"github.com/containerd/ttrpc"
-	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/emptypb"
-	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/vmshim/vmshim/runcshim/runcshimtest"
 )
-
-// The test binary plays containerd's runc shim when fakeEnv names an
-// action's behaviour: it answers the start action with the address in
-// fakeAddrEnv (writing the bootstrap parameters it got to fakeParamsEnv),
-// and the delete action with a DeleteResponse.
-const (
-	fakeEnv       = "RUNCSHIM_FAKE"
-	fakeAddrEnv   = "RUNCSHIM_FAKE_ADDR"
-	fakeParamsEnv = "RUNCSHIM_FAKE_PARAMS"
-)
-
-func TestMain(m *testing.M) {
-	if mode := os.Getenv(fakeEnv); mode != "" {
-		os.Exit(fakeShim(mode, os.Args[1:]))
-	}
-	os.Exit(m.Run())
-}
-
-// fakeShim is the runc shim the test binary plays.
-func fakeShim(mode string, args []string) int {
-	action := args[len(args)-1]
-	switch {
-	case mode == "fail":
-		os.Stderr.WriteString("some warning\nruntime exploded\n")
-		return 1
-	case mode == "garbage":
-		os.Stdout.WriteString("not a bootstrap result")
-		return 0
-	case action == "start":
-		in, _ := readAll(os.Stdin)
-		_ = os.WriteFile(os.Getenv(fakeParamsEnv), in, 0o600)
-		b, _ := json.Marshal(args)
-		_ = os.WriteFile(os.Getenv(fakeParamsEnv)+".args", b, 0o600)
-		out, _ := proto.Marshal(&bootapi.BootstrapResult{Version: 3, Protocol: "ttrpc", Address: os.Getenv(fakeAddrEnv)})
-		os.Stdout.Write(out)
-		return 0
-	case action == "delete":
-		out, _ := proto.Marshal(&taskAPI.DeleteResponse{Pid: 42, ExitStatus: 137, ExitedAt: timestamppb.Now()})
-		os.Stdout.Write(out)
-		return 0
-	}
-	return 2
-}
-
-func readAll(f *os.File) ([]byte, error) {
-	var b []byte
-	buf := make([]byte, 4096)
-	for {
-		n, err := f.Read(buf)
-		b = append(b, buf[:n]...)
-		if err != nil {
-			return b, nil
-		}
-	}
-}
-
-// fakeTasks is the runc shim's task service, as far as the tests call it.
-type fakeTasks struct {
-	taskAPI.TTRPCTaskService // unimplemented calls panic
-
-	mu    sync.Mutex
-	calls []string
-	opts  *options.Options // of the last Create
-}
-
-func (f *fakeTasks) note(call string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = append(f.calls, call)
-}
-
-func (f *fakeTasks) list() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return append([]string(nil), f.calls...)
-}
-
-func (f *fakeTasks) Create(_ context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
-	f.note("create " + r.ID)
-	v, err := typeurl.UnmarshalAny(r.Options)
-	if err != nil {
-		return nil, err
-	}
-	f.mu.Lock()
-	f.opts = v.(*options.Options)
-	f.mu.Unlock()
-	return &taskAPI.CreateTaskResponse{Pid: 99}, nil
-}
-
-func (f *fakeTasks) Kill(_ context.Context, r *taskAPI.KillRequest) (*emptypb.Empty, error) {
-	f.note("kill " + r.ID)
-	return &emptypb.Empty{}, nil
-}
-
-func (f *fakeTasks) Wait(_ context.Context, r *taskAPI.WaitRequest) (*taskAPI.WaitResponse, error) {
-	f.note("wait " + r.ID)
-	return &taskAPI.WaitResponse{ExitStatus: 137}, nil
-}
-
-func (f *fakeTasks) Delete(_ context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
-	f.note("delete " + r.ID)
-	return &taskAPI.DeleteResponse{Pid: 7, ExitStatus: 137, ExitedAt: timestamppb.Now()}, nil
-}
-
-func (f *fakeTasks) Shutdown(context.Context, *taskAPI.ShutdownRequest) (*emptypb.Empty, error) {
-	f.note("shutdown")
-	return &emptypb.Empty{}, nil
-}
-
-// serveFake serves a fakeTasks on a unix socket and returns its address.
-func serveFake(t *testing.T) (*fakeTasks, string) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "s")
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := ttrpc.NewServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fakeTasks{}
-	taskAPI.RegisterTTRPCTaskService(srv, f)
-	go func() { _ = srv.Serve(context.Background(), l) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	return f, "unix://" + path
-}
 
 // testBundle writes a bundle whose spec has the cgroups path given.
 func testBundle(t *testing.T, cgroupsPath string) string {
@@ -164,17 +33,12 @@ func testBundle(t *testing.T, cgroupsPath string) string {
 	return dir
 }
 
+func TestMain(m *testing.M) { runcshimtest.Main(m) }
+
 // fakeConfig is a Config whose runc shim is the test binary playing mode.
 func fakeConfig(t *testing.T, mode, addr string) (Config, string) {
 	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	params := filepath.Join(t.TempDir(), "params")
-	t.Setenv(fakeEnv, mode)
-	t.Setenv(fakeAddrEnv, addr)
-	t.Setenv(fakeParamsEnv, params)
+	self, params := runcshimtest.Setup(t, mode, addr)
 	return Config{
 		Binary: self, Runc: "/usr/sbin/runc", Address: "/run/c.sock", TTRPCAddress: "/run/c.sock.ttrpc",
 		Containerd: "/usr/bin/containerd", SocketDir: filepath.Join(t.TempDir(), "sockets"),
@@ -194,7 +58,7 @@ func TestStartCreate(t *testing.T) {
 		{"none", "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fake, addr := serveFake(t)
+			fake, addr := runcshimtest.Serve(t)
 			cfg, paramsFile := fakeConfig(t, "ok", addr)
 			bundle := testBundle(t, tc.cgroups)
 			ctx := context.Background()
@@ -235,8 +99,8 @@ func TestStartCreate(t *testing.T) {
 			if resp, err := s.Task().Create(ctx, cr); err != nil || resp.Pid != 99 {
 				t.Fatalf("create: %v, %v", resp, err)
 			}
-			if fake.opts == nil || fake.opts.SystemdCgroup != tc.systemd {
-				t.Errorf("create's runc options %v, want systemd %v", fake.opts, tc.systemd)
+			if fake.Options() == nil || fake.Options().SystemdCgroup != tc.systemd {
+				t.Errorf("create's runc options %v, want systemd %v", fake.Options(), tc.systemd)
 			}
 		})
 	}
@@ -266,7 +130,7 @@ func TestStartFails(t *testing.T) {
 func TestCleanup(t *testing.T) {
 	ctx := context.Background()
 	t.Run("live", func(t *testing.T) {
-		fake, addr := serveFake(t)
+		fake, addr := runcshimtest.Serve(t)
 		cfg, _ := fakeConfig(t, "ok", addr)
 		bundle := testBundle(t, "")
 		rec := Record{ID: "c1", Address: addr}
@@ -281,7 +145,7 @@ func TestCleanup(t *testing.T) {
 		if err != nil || resp.Pid != 7 {
 			t.Fatalf("cleanup: %v, %v", resp, err)
 		}
-		if calls := strings.Join(fake.list(), ","); calls != "kill c1,wait c1,delete c1,shutdown" {
+		if calls := strings.Join(fake.Calls(), ","); calls != "kill c1,wait c1,delete c1,shutdown" {
 			t.Errorf("calls %s", calls)
 		}
 		if r, err := ReadRecord(bundle); r != nil || err != nil {
