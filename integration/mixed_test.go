@@ -10,6 +10,8 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/oci"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/vmshim/vmshim/config"
 )
 
 // busyboxImage is an ordinary container image (Debian's static busybox),
@@ -81,6 +83,10 @@ func TestMixedPod(t *testing.T) {
 	c := newCRI(t, env.daemon)
 	p := c.runPod(ctx, t, "mixed")
 	dir := t.TempDir()
+	// As the kubelet makes an emptyDir: the VM's jail id writes it too.
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
 
 	// The init container: runs, writes, exits 0, before the VM.
 	init := p.startOrdinary(ctx, t, "init", dir, "sh", "-c", "echo from-init >/data/greeting && echo init done")
@@ -99,8 +105,18 @@ func TestMixedPod(t *testing.T) {
 		t.Errorf("a VM shim of its own for the init container: %v", vmShims)
 	}
 
-	vm := p.startVM(ctx, t, imageKernelWaitCRI, nil)
-	vm.waitLog(ctx, t, "VMSHIM-LEASE")
+	// The VM boots after it and sees what it wrote in the volume.
+	vm := p.createVMWith(ctx, t, imageKernelAgent, func(cfg *runtimeapi.ContainerConfig) {
+		cfg.Mounts = []*runtimeapi.Mount{{ContainerPath: "/data", HostPath: dir}}
+	})
+	if _, err := c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: vm.id}); err != nil {
+		t.Fatalf("StartContainer of the VM: %v", err)
+	}
+	vm.waitLog(ctx, t, markerAgent)
+	mount := "mkdir -p /mnt/data && mount -t 9p -o trans=virtio,version=9p2000.L " + config.ShareTagPrefix + "0 /mnt/data && cat /mnt/data/greeting"
+	if out := vm.mustExec(ctx, t, "sh", "-c", mount); out != "from-init\n" {
+		t.Errorf("the volume in the guest: %q, want what the init container wrote", out)
+	}
 
 	// The sidecar runs beside the VM, under the same runc shim.
 	side := p.startOrdinary(ctx, t, "side", dir, "sleep", "3600")
