@@ -28,7 +28,9 @@ func TestBadImagesFailCleanly(t *testing.T) {
 		entries map[string]layerEntry
 		want    string
 	}{
-		{"no-disk", map[string]layerEntry{"etc/motd": layerFile([]byte("hello\n"))}, "no VM disk in image"},
+		// An image with no VM is an ordinary container's, which runc runs:
+		// this one's command (/vm) is missing, and runc says so.
+		{"no-disk", map[string]layerEntry{"etc/motd": layerFile([]byte("hello\n"))}, `exec: "/vm": stat /vm: no such file or directory`},
 		{"truncated", map[string]layerEntry{"disk/disk.qcow2": layerFile(truncated)}, "disk /disk/disk.qcow2: image is corrupt"},
 		{"backing-file", map[string]layerEntry{"disk/disk.qcow2": layerFile(backed)},
 			`disk /disk/disk.qcow2: image has a backing file "/etc/passwd"`},

@@ -109,7 +109,9 @@ func TestSecurityHostileRootfs(t *testing.T) {
 				dir := hostDir(t, "disk.qcow2")
 				return map[string]layerEntry{"disk": layerLink(dir), "etc/motd": layerFile([]byte("hi\n"))}, dir
 			},
-			want: "no VM disk in image",
+			// No VM in the image: an ordinary container, whose /vm runc
+			// does not find.
+			want: `exec: "/vm": stat /vm: no such file or directory`,
 		},
 		{
 			// The same, with a disk of the image's own beside it: it boots

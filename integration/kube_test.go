@@ -233,11 +233,13 @@ func (k *kubeCluster) testBadInput(t *testing.T) {
 			p.Annotations = map[string]string{"vmshim.io/memory": "lots"}
 			return p
 		}, "vmshim.io/memory"},
+		// An image with no VM runs under runc; this one's command is a
+		// text file, which runc cannot run.
 		{"not-a-vm", func() *corev1.Pod {
 			p := vmPod("not-a-vm", pauseImage)
 			p.Spec.Containers[0].Command = []string{"/pause"}
 			return p
-		}, "no VM disk in image"},
+		}, "runc create failed"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
