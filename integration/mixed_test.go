@@ -43,6 +43,10 @@ func (p *pod) createOrdinary(ctx context.Context, t *testing.T, name, dir string
 	if dir != "" {
 		cfg.Mounts = []*runtimeapi.Mount{{ContainerPath: "/data", HostPath: dir}}
 	}
+	// The kubelet gives each container the pod's namespace options.
+	if sc := p.config.GetLinux().GetSecurityContext(); sc != nil {
+		cfg.Linux = &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: sc.NamespaceOptions}}
+	}
 	created, err := p.c.runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: p.id, Config: cfg, SandboxConfig: p.config})
 	if err != nil {
 		t.Fatalf("CreateContainer %s: %v\ncontainerd log:\n%s", name, err, p.c.d.logTail())
@@ -81,7 +85,13 @@ func TestMixedPod(t *testing.T) {
 	defer cancel()
 	importBusybox(ctx, t, criNamespace)
 	c := newCRI(t, env.daemon)
-	p := c.runPod(ctx, t, "mixed")
+	// As the kubelet runs a pod without shareProcessNamespace: each
+	// container has a PID namespace of its own.
+	p := c.runPodWith(ctx, t, "mixed", 0, func(cfg *runtimeapi.PodSandboxConfig) {
+		cfg.Linux.SecurityContext = &runtimeapi.LinuxSandboxSecurityContext{
+			NamespaceOptions: &runtimeapi.NamespaceOption{Pid: runtimeapi.NamespaceMode_CONTAINER},
+		}
+	})
 	dir := t.TempDir()
 	// As the kubelet makes an emptyDir: the VM's jail id writes it too.
 	if err := os.Chmod(dir, 0o777); err != nil {

@@ -97,6 +97,12 @@ func (m manager) Start(ctx context.Context, params *bootapi.BootstrapParams) (_ 
 		return nil, err
 	}
 	args := []string{"-namespace", ns, "-id", id, "-address", params.GetContainerdGrpcAddress()}
+	// The serving shim finds containerd's runc shim beside containerd.
+	if bin := params.GetContainerdBinary(); bin != "" {
+		args = append(args, "-publish-binary", bin)
+	} else if bin := flagValue(os.Args, "-publish-binary"); bin != "" {
+		args = append(args, "-publish-binary", bin)
+	}
 	if params.GetLogLevel() <= bootapi.LogLevel_LOG_LEVEL_DEBUG {
 		args = append(args, "-debug")
 	}
