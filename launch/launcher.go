@@ -110,11 +110,14 @@ func (l *qemuLauncher) accel(ctx context.Context, mode, binary string) (qemu.Acc
 // claimed for owner, and writes the pod's state, which its VM
 // container's Create reads, into its bundle.
 func (l *qemuLauncher) launchSandbox(ctx context.Context, r *Request, spec *specs.Spec, ids jail.IDRange, owner string) (VM, error) {
-	nsPath, _ := specNetns(spec)
+	ns, err := sandboxNamespaces(spec)
+	if err != nil {
+		return nil, err
+	}
 	if err := OpenPod(r.Bundle); err != nil {
 		return nil, err
 	}
-	return launchSandbox(ctx, r, spec, nsPath, ids, owner)
+	return launchSandbox(ctx, r, spec, ns, ids, owner)
 }
 
 // idsDir holds the node-wide claims on jail ids (see jail.Claim); on a

@@ -66,8 +66,9 @@ func startPlaceholder() (*exec.Cmd, error) {
 }
 
 // sandboxVM stands in for a pod's sandbox container: no VM, only a pause
-// process in the pod's network namespace, which CRI points the pod's
-// containers at. The namespace itself belongs to the CRI.
+// process in the pod's namespaces (see podNamespaces), which CRI points
+// the pod's containers at. The network namespace belongs to the CRI; the
+// IPC, UTS and PID namespaces made for the pod end with the process.
 type sandboxVM struct {
 	cmd      *exec.Cmd
 	limits   *cgroupLimits
@@ -79,11 +80,11 @@ type sandboxVM struct {
 	at       time.Time
 }
 
-// launchSandbox starts the pause process of a pod sandbox in the network
-// namespace at nsPath ("" for the host's), as an id of ids claimed for
-// owner: a jail id, as a VM's QEMU has, so that no other process on the
-// node shares it and may signal it.
-func launchSandbox(ctx context.Context, r *Request, spec *specs.Spec, nsPath string, ids jail.IDRange, owner string) (_ *sandboxVM, retErr error) {
+// launchSandbox starts the pause process of a pod sandbox in the pod's
+// namespaces ns, as an id of ids claimed for owner: a jail id, as a VM's
+// QEMU has, so that no other process on the node shares it and may
+// signal it.
+func launchSandbox(ctx context.Context, r *Request, spec *specs.Spec, ns podNamespaces, ids jail.IDRange, owner string) (_ *sandboxVM, retErr error) {
 	pauseProg, err := pauseBinary()
 	if err != nil {
 		return nil, err
@@ -110,12 +111,13 @@ func launchSandbox(ctx context.Context, r *Request, spec *specs.Spec, nsPath str
 	if err := limits.create(ctx, spec, rec); err != nil {
 		return nil, err
 	}
-	cmd := pauseCommand(pauseProg, nsPath, id)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	// Forked from a thread in the pod's netns, every thread of the pause
-	// process is there from its start: /proc/PID/ns/net, through which
-	// the CRI hands the namespace to the pod's containers, leads to it.
-	if err := limits.start(cmd, netnsSteps(nsPath)...); err != nil {
+	cmd := pauseCommand(pauseProg, ns.netns, id)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Cloneflags: ns.clone}
+	// Forked from a thread in the pod's netns (and the pod's UTS
+	// namespace, named), every thread of the pause process is there from
+	// its start: /proc/PID/ns/*, through which the CRI hands the
+	// namespaces to the pod's containers, leads to them.
+	if err := limits.start(cmd, ns.steps()...); err != nil {
 		if cmd.Process != nil {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()

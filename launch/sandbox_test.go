@@ -34,7 +34,7 @@ func TestSandboxPauseID(t *testing.T) {
 	for i := range 2 {
 		bundle := t.TempDir()
 		owner := fmt.Sprintf("vmshim-test/%s-%d-%d", t.Name(), os.Getpid(), i)
-		s, err := launchSandbox(ctx, &Request{ID: fmt.Sprintf("sb%d", i), Bundle: bundle}, &specs.Spec{}, "", ids, owner)
+		s, err := launchSandbox(ctx, &Request{ID: fmt.Sprintf("sb%d", i), Bundle: bundle}, &specs.Spec{}, podNamespaces{}, ids, owner)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,9 +1,10 @@
 // Package pause is the body of a VM pod sandbox's process, which
 // cmd/vmshim-pause runs and the shim binary runs when started under that
 // name: it holds the pod's namespaces for the CRI, as an unprivileged id
-// of its own, until SIGTERM or SIGINT. It imports only the runtime's own
-// packages, so a pause program costs a few hundred KiB of memory where
-// the shim would cost megabytes.
+// of its own, until SIGTERM or SIGINT, and reaps the processes orphaned
+// in the pod's pid namespace, whose PID 1 it is. It imports only the
+// runtime's own packages, so a pause program costs a few hundred KiB of
+// memory where the shim would cost megabytes.
 package pause
 
 import (
@@ -29,8 +30,10 @@ func Env(id uint32) []string {
 // Run is a pause process: started as root with the environment Env made,
 // it sets no_new_privs, drops to that id with no groups and no
 // capabilities left (the kernel clears them when root's ids go), and
-// waits for SIGTERM or SIGINT. args[0] names what it holds (the pod's
-// network namespace), for ps. It returns the exit code.
+// waits for SIGTERM or SIGINT. Meanwhile it reaps every child that ends:
+// as PID 1 of a pid namespace, it is the parent of each process orphaned
+// there. args[0] names what it holds (the pod's network namespace), for
+// ps. It returns the exit code.
 func Run(args []string) int {
 	id, err := parseID(os.Getenv(IDEnv))
 	if err == nil {
@@ -40,10 +43,35 @@ func Run(args []string) int {
 		os.Stderr.WriteString(Name + ": drop privileges: " + err.Error() + "\n")
 		return 1
 	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	<-sig
-	return 0
+	// Two channels, so that no flood of SIGCHLD can crowd out SIGTERM
+	// (os/signal drops what a full channel cannot take). SIGCHLDs that
+	// come together may arrive as one: reap takes every child that ended.
+	stop, child := make(chan os.Signal, 1), make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(child, syscall.SIGCHLD)
+	reap() // any child that ended before SIGCHLD was caught
+	for {
+		select {
+		case <-stop:
+			return 0
+		case <-child:
+			reap()
+		}
+	}
+}
+
+// reap waits for every child that has ended, without blocking.
+func reap() {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			return
+		}
+	}
 }
 
 // parseID reads the id IDEnv names: a number above 0 and below 2^31.
