@@ -139,6 +139,17 @@ func TestMixedPod(t *testing.T) {
 	if got := strings.TrimSpace(side.mustExec(ctx, t, "/bin/busybox", "sh", "-c", "echo $$; cat /proc/1/cmdline | tr '\\0' ' '")); !strings.Contains(got, "sleep 3600") {
 		t.Errorf("sidecar's pid 1: %q, want its own sleep", got)
 	}
+	// It is in the pod's own UTS and IPC namespaces, the sandbox's.
+	if got := strings.TrimSpace(side.mustExec(ctx, t, "/bin/busybox", "hostname")); got != "mixed" {
+		t.Errorf("sidecar's hostname %q, want the pod's", got)
+	}
+	hostIPC, err := os.Readlink("/proc/self/ns/ipc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(side.mustExec(ctx, t, "/bin/busybox", "readlink", "/proc/self/ns/ipc")); got == hostIPC || got == "" {
+		t.Errorf("sidecar's ipc namespace %q: the host's is %q", got, hostIPC)
+	}
 	if got := runcShimsOf(init.id); len(got) != 1 || got[0] != shims[0] {
 		t.Errorf("runc shims after the sidecar: %q, want the pod's one %q", got, shims)
 	}
