@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -196,5 +197,35 @@ func TestCtrOrdinary(t *testing.T) {
 	v.remove(t)
 	if left := runcShimsOf(id); len(left) != 0 {
 		t.Errorf("runc shim left after delete: %q", left)
+	}
+}
+
+// TestMixedPodShimKilled kills the VM shim of a pod whose sidecar runs
+// under the runc shim: containerd's delete action for the sidecar has the
+// runc shim remove it, and once the pod is removed no runc shim, sidecar
+// process or record is left.
+func TestMixedPodShimKilled(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*bootTimeout)
+	defer cancel()
+	importBusybox(ctx, t, criNamespace)
+	p := newCRI(t, env.daemon).runPod(ctx, t, "mixedkill")
+	side := p.startOrdinary(ctx, t, "side", "", "sleep", "3601")
+	if st := side.status(ctx, t); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("sidecar state %v, want running", st.State)
+	}
+	shims := shimsOf(p.id)
+	if len(shims) != 1 {
+		t.Fatalf("VM shims for the pod: %v", shims)
+	}
+	pid, _, _ := strings.Cut(shims[0], ":")
+	if out, err := exec.Command("kill", "-KILL", pid).CombinedOutput(); err != nil {
+		t.Fatalf("kill shim: %v %s", err, out)
+	}
+	side.waitExited(ctx, t)
+	waitGone(ctx, t, "the sidecar's sleep", func() bool { return len(processesMentioning("sleep 3601")) == 0 })
+	p.remove(t)
+	waitGone(ctx, t, "the runc shim", func() bool { return len(runcShimsOf(side.id)) == 0 })
+	if left := processesMentioning(p.id); len(left) != 0 {
+		t.Errorf("processes left after the pod's removal: %q", left)
 	}
 }
