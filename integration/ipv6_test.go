@@ -166,6 +166,8 @@ func checkCloud6(ctx context.Context, t *testing.T, d *daemon, p *pod, vm *criCo
 			t.Errorf("%s: GET http://%s:8080/ from the host netns: %q", p.name, ip, body)
 		}
 	}
+	// A container beside the VM, over IPv6.
+	checkPodSockets(ctx, t, d, p.netnsPath(ctx, t), v6, p.name, routedIPv6)
 }
 
 // TestIPv6 gives VM pods their pod's IPv6 address on a dual-stack and on

@@ -69,6 +69,9 @@ func testPodNetwork(t *testing.T, d *daemon, gateway string) {
 	if body := httpGet(ctx, t, a.netnsPath(ctx, t), ipA); !strings.Contains(body, "VMSHIM-HTTP-OK pod-a") {
 		t.Errorf("from the pod netns: %q", body)
 	}
+	// A container beside the VM serves a port of the pod IP and gets the
+	// answers to its own connections.
+	checkPodSockets(ctx, t, d, a.netnsPath(ctx, t), ipA, "pod-a", gateway)
 
 	b := c.runPod(ctx, t, "pod-b")
 	vmB := b.startVM(ctx, t, imageKernelWaitCRI, map[string]string{"vmshim.io/kernel-cmdline": "vmshim.test.peer=" + ipA})

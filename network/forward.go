@@ -30,6 +30,7 @@ const acceptBackoff = 100 * time.Millisecond
 const (
 	skLookupFamily   = 8  // __u32
 	skLookupProtocol = 12 // __u32
+	skLookupRemPort  = 36 // __be16
 	skLookupLocalIP4 = 40 // __u32, network order
 	skLookupLocalIP6 = 44 // __u32[4], network order
 )
@@ -56,9 +57,11 @@ func fixedGuest(ip net.IP) guestAddr {
 }
 
 // forwarder relays TCP connections made to the netns's loopback, on any
-// port, to the same port on the guest. A sk_lookup program attached to the
-// netns hands every TCP lookup for 127.0.0.1 (and ::1) to one listening
-// socket of the forwarder; the port the client dialled is the accepted
+// port, to the same port on the guest, or to a socket of the netns that
+// listens on it (dialNetns). A sk_lookup program attached to the netns
+// hands every TCP lookup for 127.0.0.1 (and ::1) to one listening socket
+// of the forwarder, but for the forwarder's own connections to the
+// netns's listeners; the port the client dialled is the accepted
 // connection's local port. A second program, on the guest's tap, brings
 // back the guest's replies to the relay's source address even when the
 // guest routes them through its gateway (steerReplies). The programs are
@@ -74,6 +77,7 @@ type forwarder struct {
 	cancel context.CancelFunc
 
 	sockmap   *ebpf.Map
+	own       *ebpf.Map // source ports of dialNetns's connections, which the program leaves alone
 	prog      *ebpf.Program
 	link      link.Link
 	replyProg *ebpf.Program // brings the guest's replies to src back (steerReplies); nil without it
@@ -111,11 +115,14 @@ func startForwarder(ctx context.Context, p *podNS, guest guestAddr, local map[in
 	if err != nil {
 		return nil, fmt.Errorf("create sockmap: %w", err)
 	}
+	if f.own, err = newOwnPorts(); err != nil {
+		return nil, err
+	}
 	f.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name:         "vmshim_fwd",
 		Type:         ebpf.SkLookup,
 		AttachType:   ebpf.AttachSkLookup,
-		Instructions: lookupProgram(f.sockmap.FD()),
+		Instructions: lookupProgram(f.sockmap.FD(), f.own.FD()),
 		License:      "Dual MIT/GPL",
 	})
 	if err != nil {
@@ -149,8 +156,9 @@ func startForwarder(ctx context.Context, p *podNS, guest guestAddr, local map[in
 
 // lookupProgram is the sk_lookup program: a TCP lookup for 127.0.0.1 or
 // ::1, any port, selects the socket at keyLoopback4 or keyLoopback6 of the
-// sockmap; any other lookup, or a missing socket, goes on unchanged.
-func lookupProgram(sockmap int) asm.Instructions {
+// sockmap; a lookup from a source port in the own map (dialNetns's), any
+// other lookup, or a missing socket, goes on unchanged.
+func lookupProgram(sockmap, own int) asm.Instructions {
 	// The addresses are in network order in memory; a 32-bit load reads
 	// them in host order.
 	lo4 := int32(binary.NativeEndian.Uint32([]byte{127, 0, 0, 1}))
@@ -159,6 +167,16 @@ func lookupProgram(sockmap int) asm.Instructions {
 		asm.Mov.Reg(asm.R6, asm.R1),
 		asm.LoadMem(asm.R2, asm.R6, skLookupProtocol, asm.Word),
 		asm.JNE.Imm32(asm.R2, unix.IPPROTO_TCP, "pass"),
+
+		// bpf_map_lookup_elem(&own, &remote_port): one of ours
+		asm.LoadMem(asm.R2, asm.R6, skLookupRemPort, asm.Half),
+		asm.StoreMem(asm.RFP, -4, asm.R2, asm.Word),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -4),
+		asm.LoadMapPtr(asm.R1, own),
+		asm.FnMapLookupElem.Call(),
+		asm.JNE.Imm(asm.R0, 0, "pass"),
+
 		asm.LoadMem(asm.R2, asm.R6, skLookupFamily, asm.Word),
 		asm.JEq.Imm32(asm.R2, unix.AF_INET6, "ip6"),
 		asm.JNE.Imm32(asm.R2, unix.AF_INET, "pass"),
@@ -251,8 +269,9 @@ func (f *forwarder) serve(ln *net.TCPListener) {
 }
 
 // relay connects c, whose local port is the one its client dialled, to the
-// same port on the guest and copies both ways until both are done; a port
-// of f.local goes to its handler instead.
+// same port of a listener of the netns, or else of the guest, and copies
+// both ways until both are done; a port of f.local goes to its handler
+// instead.
 func (f *forwarder) relay(c *net.TCPConn) {
 	port := c.LocalAddr().(*net.TCPAddr).Port
 	if serve := f.local[port]; serve != nil {
@@ -264,9 +283,12 @@ func (f *forwarder) relay(c *net.TCPConn) {
 		return
 	}
 	defer f.untrack(c)
-	g, err := f.dial(port)
+	g, err := f.dialNetns(c.LocalAddr().(*net.TCPAddr).IP, port)
+	if errors.Is(err, unix.ECONNREFUSED) {
+		g, err = f.dial(port)
+	}
 	if err != nil {
-		logger.WithError(err).Debug("port-forward dial guest")
+		logger.WithError(err).Debug("port-forward dial")
 		_ = c.SetLinger(0) // the client sees a reset, not an empty reply
 		return
 	}
@@ -398,6 +420,11 @@ func (f *forwarder) Close() error {
 	if f.sockmap != nil {
 		if err := f.sockmap.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close sockmap: %w", err))
+		}
+	}
+	if f.own != nil {
+		if err := f.own.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close map of own ports: %w", err))
 		}
 	}
 	return errors.Join(errs...)

@@ -390,3 +390,42 @@ func TestForwarderLocalPort(t *testing.T) {
 		t.Errorf("port %d of the guest: reply %q", guestPort, got)
 	}
 }
+
+// TestForwarderNetnsListeners: a port a socket of the netns listens on
+// (a container beside the VM) is served by it, through either loopback
+// address, and the guest gets the others, and that port again once the
+// socket is gone; a guest port equal to the forwarder's own listener's
+// is still the guest's.
+func TestForwarderNetnsListeners(t *testing.T) {
+	e := newFwdEnv(t)
+	port, other := e.serveGuest(t, "guest"), e.serveGuest(t, "guest")
+	f := startTestForwarder(t, e)
+	ask := func(addr, req, want string) {
+		t.Helper()
+		if got := e.ask(t, "tcp", addr, req); got != want {
+			t.Errorf("%s: reply %q, want %q", addr, got, want)
+		}
+	}
+	netns := serveIn(t, e.pod, "", fmt.Sprintf(":%d", port), "netns")
+	ask(fmt.Sprintf("127.0.0.1:%d", port), "a", "netns: a")
+	ask(fmt.Sprintf("[::1]:%d", port), "b", "netns: b")
+	ask(fmt.Sprintf("127.0.0.1:%d", other), "c", "guest: c")
+	netns.stop()
+	ask(fmt.Sprintf("127.0.0.1:%d", port), "d", "guest: d")
+
+	loop := serveIn(t, e.pod, "4", fmt.Sprintf("127.0.0.1:%d", other), "netns loopback")
+	ask(fmt.Sprintf("127.0.0.1:%d", other), "e", "netns loopback: e")
+	ask(fmt.Sprintf("[::1]:%d", other), "f", "guest: f") // nothing of the netns on ::1
+	loop.stop()
+
+	own := f.lns[0].Addr().(*net.TCPAddr).Port
+	serveIn(t, e.guest, "4", fmt.Sprintf("%s:%d", e.guestIP, own), "guest on the forwarder's port")
+	ask(fmt.Sprintf("127.0.0.1:%d", own), "g", "guest on the forwarder's port: g")
+
+	// Nothing is left in the map of own ports.
+	var k uint32
+	var v uint8
+	if it := f.own.Iterate(); it.Next(&k, &v) {
+		t.Errorf("map of own ports still holds %#x", k)
+	}
+}

@@ -126,6 +126,9 @@ func inspect(p *podNS) (*plan, error) {
 	if err := planForwarding(p, pl); err != nil {
 		return nil, err
 	}
+	if err := planSockets(p, pl, routes); err != nil {
+		return nil, err
+	}
 	return pl, nil
 }
 

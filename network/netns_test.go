@@ -37,7 +37,7 @@ func makeNS(set func() error) (netns.NsHandle, error) {
 
 // newNS creates an unnamed network namespace with lo up and IPv6 DAD off
 // (so addresses are never "tentative" in snapshots).
-func newNS(t *testing.T) (netns.NsHandle, *netlink.Handle) {
+func newNS(t testing.TB) (netns.NsHandle, *netlink.Handle) {
 	t.Helper()
 	ns, err := makeNS(func() error {
 		_ = os.WriteFile("/proc/sys/net/ipv6/conf/default/accept_dad", []byte("0"), 0o644)

@@ -19,7 +19,7 @@ import (
 // plugin would, to a test-made "host" netns. Nothing outside these two
 // namespaces is touched; they vanish when the test closes its handles.
 type podEnv struct {
-	t          *testing.T
+	t          testing.TB
 	pod, host  netns.NsHandle
 	podH       *netlink.Handle
 	hostH      *netlink.Handle
@@ -43,14 +43,14 @@ const (
 	sideLink                   // like bridgeLike but no default route (a Multus net1)
 )
 
-func needRoot(t *testing.T) {
+func needRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces, veth pairs, taps and tc filters")
 	}
 }
 
-func newPodEnv(t *testing.T) *podEnv {
+func newPodEnv(t testing.TB) *podEnv {
 	t.Helper()
 	needRoot(t)
 	e := &podEnv{t: t}
@@ -184,6 +184,7 @@ func (e *podEnv) snapshot() string {
 		{"ip", "route", "show", "table", "all"},
 		{"ip", "-6", "route", "show", "table", "all"},
 		{"ip", "rule"},
+		{"cat", sysctlNonlocalBind},
 		{"tc", "qdisc", "show"},
 		{"tc", "filter", "show", "dev", "eth0", "ingress"},
 	} {

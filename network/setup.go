@@ -146,6 +146,9 @@ func (pl *Plan) Wire(ctx context.Context) (_ *Network, retErr error) {
 			n.p.Close()
 		}
 	}()
+	if err := allowNonlocalBind(n.p, n.state); err != nil {
+		return nil, err
+	}
 	for i := range pl.pl.nics {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -201,8 +204,9 @@ func (n *Network) startForwarder(ctx context.Context) {
 	}
 }
 
-// wire turns one CNI interface into a NIC: tap, tc both ways, then the
-// IPv4 and the IPv6 side of the guest's addresses.
+// wire turns one CNI interface into a NIC: tap, tc both ways (the CNI
+// link's classifiers included), then the IPv4 and the IPv6 side of the
+// guest's addresses.
 func (n *Network) wire(ctx context.Context, np *nicPlan, pl *Plan) error {
 	link := np.link
 	name := link.Attrs().Name
@@ -217,6 +221,11 @@ func (n *Network) wire(ctx context.Context, np *nicPlan, pl *Plan) error {
 		return err
 	}
 	linkFs := linkFilters(link.Attrs().Index, tap.Attrs().Index)
+	if prog := n.loadSock(np); prog != nil {
+		// The filter holds the classifier once added: ours is closed after.
+		defer prog.Close()
+		linkFs = append(linkFs, sockFilter(link.Attrs().Index, prog))
+	}
 	var router6 net.IP
 	if len(np.addrs6) > 0 {
 		router6 = eui64LinkLocal(tap.Attrs().HardwareAddr)
@@ -249,11 +258,19 @@ func (n *Network) wire(ctx context.Context, np *nicPlan, pl *Plan) error {
 }
 
 // wire4 hands the guest the interface's first IPv4 address: the veth's
-// IPv4 addresses no longer local, the netns's route to the guest, a DHCP
+// IPv4 addresses no longer local but to what the CNI link's classifier
+// passes to the netns's sockets, the netns's route to the guest, a DHCP
 // responder. No lease when the interface has no IPv4 address.
 func (n *Network) wire4(ctx context.Context, np *nicPlan, tap netlink.Link, pl *Plan) (*Lease, error) {
 	link := np.link
 	name := link.Attrs().Name
+	// First the way to the netns's own sockets, so that none of their
+	// packets is lost once the addresses are no longer local.
+	if len(np.addrs) > 0 {
+		if err := addSockRoutes(n.p, link, np.addrs, n.state.SockTable); err != nil {
+			return nil, err
+		}
+	}
 	// The interface keeps its addresses, so that what reads them (`ip
 	// addr`, `nerdctl inspect`) still shows the pod's, but the netns stops
 	// treating them as its own: without their local routes, the netns's
@@ -286,6 +303,31 @@ func (n *Network) wire4(ctx context.Context, np *nicPlan, tap netlink.Link, pl *
 	}
 	n.serve(ctx, r, name, "dhcp responder stopped")
 	return lease, nil
+}
+
+// loadSock loads the classifier that passes to the netns stack what its
+// own sockets own of the traffic to np's addresses (sockProgram). Without
+// it the guest gets all of that traffic, as it did before the pod could
+// hold other containers; so a kernel that cannot run it (one without
+// bpf_skc_lookup_tcp, before 5.2) gets a warning, and nil.
+func (n *Network) loadSock(np *nicPlan) *ebpf.Program {
+	var addrs4, addrs6 []net.IP
+	for _, a := range np.addrs {
+		addrs4 = append(addrs4, a.IP.To4())
+	}
+	for _, a := range np.addrs6 {
+		addrs6 = append(addrs6, a.IP.To16())
+	}
+	if len(addrs4) == 0 && len(addrs6) == 0 {
+		return nil
+	}
+	prog, err := loadSock(addrs4, addrs6)
+	if err != nil {
+		n.logger.WithError(err).WithField("link", np.link.Attrs().Name).
+			Warn("the pod's other containers will get no traffic from the pod network: the guest gets all of it")
+		return nil
+	}
+	return prog
 }
 
 // wire6 hands the guest the interface's first global IPv6 address. The

@@ -16,7 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func testCtx(t *testing.T) context.Context {
+func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	return ctx

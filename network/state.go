@@ -25,6 +25,14 @@ type State struct {
 	// "default" and each interface), when the netns's kernel has no
 	// force_forwarding and Wire turns forwarding on for the whole netns.
 	Forwarding6 map[string]string `json:"forwarding6,omitempty"`
+	// SockTable is the routing table that delivers to the netns's own
+	// sockets the IPv4 packets of theirs that arrive on the CNI
+	// interfaces (a rule per interface looks it up); 0: none. Every
+	// rule to it and every route in it is Wire's.
+	SockTable int `json:"sock_table,omitempty"`
+	// NonlocalBind is net.ipv4.ip_nonlocal_bind as found, when Wire
+	// turns it on; "": untouched.
+	NonlocalBind string `json:"nonlocal_bind,omitempty"`
 }
 
 // NICState is one wired CNI interface.
@@ -254,8 +262,8 @@ func restoreOrder(routes []RouteState) []RouteState {
 
 // undo reverts everything st describes, from any partial point: it removes
 // the CNI links' qdiscs and the taps (with their addresses and routes), then
-// puts back the recorded txqueuelen, addresses and routes. Missing links
-// are skipped.
+// puts back the recorded txqueuelen, addresses and routes, and removes the
+// routing of the netns's own sockets. Missing links are skipped.
 func undo(ctx context.Context, p *podNS, st *State, logger *logrus.Entry) error {
 	var errs []error
 	index := map[string]int{}
@@ -326,6 +334,9 @@ func undo(ctx context.Context, p *podNS, st *State, logger *logrus.Entry) error 
 		if err != nil && !isExist(err) {
 			errs = append(errs, fmt.Errorf("restore route %s on %s: %w", rs.Dst, rs.Link, err))
 		}
+	}
+	if err := undoSockets(p, st); err != nil {
+		errs = append(errs, err)
 	}
 	if err := restoreForwarding6(p, st.Forwarding6); err != nil {
 		errs = append(errs, err)

@@ -33,8 +33,13 @@ const (
 	prioLinkDHCP    = 1 // UDP to port 68: never reaches the guest; its only DHCP server is ours
 	prioLinkIPv6    = 2 // RAs, redirects and DHCPv6 replies: netns stack only; neighbour advertisements: both
 	prioLinkIPv6Ext = 3 // the same behind IPv6 extension headers; ambiguous chains: dropped
-	prioLinkToVM    = 4 // everything else: to the tap
+	prioLinkARP     = 4 // ARP replies: copy to the tap, and to the netns stack
+	prioLinkSocket  = 5 // TCP and UDP that a socket of the netns owns: netns stack only (sockProgram)
+	prioLinkToVM    = 6 // everything else: to the tap
 )
+
+// arpReply is the ARP operation of a reply (RFC 826).
+const arpReply = 2
 
 // passClass (1:1) is the class a passing u32 match reports; clsact ignores
 // it, but u32 needs a class or an action to end classification.
@@ -122,10 +127,25 @@ func tapFilters(tapIndex, linkIndex int, tapMAC net.HardwareAddr, linkLocal net.
 }
 
 // linkFilters is the ingress classification of a CNI link: frames from the
-// pod network all go to the guest, except DHCP replies.
+// pod network all go to the guest, except DHCP replies, which go nowhere,
+// and ARP replies, which the netns gets too: the netns's own sockets
+// send from the pod IP, which shares the guest's MAC, so the answers to
+// the netns's requests come back with the guest's. The filters of the
+// IPv6 control traffic (linkFilters6) and of the netns's sockets
+// (sockFilter) sit between them.
 func linkFilters(linkIndex, tapIndex int) []netlink.Filter {
 	fs := udpPortFilters(linkIndex, prioLinkDHCP, 68)
 	return append(fs, &netlink.U32{
+		FilterAttrs: ingressAttrs(linkIndex, prioLinkARP, unix.ETH_P_ARP),
+		// The operation is the low half of the ARP header's second word.
+		Sel: u32Sel(nl.TcU32Key{Mask: 0x0000ffff, Val: arpReply, Off: 4}),
+		Actions: []netlink.Action{&netlink.MirredAction{
+			// TC_ACT_OK after the copy: the frame also goes up the netns stack.
+			ActionAttrs:  netlink.ActionAttrs{Action: netlink.TC_ACT_OK},
+			MirredAction: netlink.TCA_EGRESS_MIRROR,
+			Ifindex:      tapIndex,
+		}},
+	}, &netlink.U32{
 		FilterAttrs: ingressAttrs(linkIndex, prioLinkToVM, unix.ETH_P_ALL),
 		Sel:         u32Sel(nl.TcU32Key{}),
 		Actions:     []netlink.Action{netlink.NewMirredAction(tapIndex)},

@@ -139,7 +139,7 @@ func ctl6Program(r ctl6Rules) asm.Instructions {
 		asm.Mov.Imm(regOff, etherHeaderLen+ipv6HeaderLen),
 	)
 	for i := 0; i < maxExtHeaders; i++ {
-		insns = append(insns, walkStep(i)...)
+		insns = append(insns, walkStep(i, "drop", true)...)
 	}
 	// Past the bound: an extension header still to walk is ambiguous.
 	last := fmt.Sprintf("hdr%d", maxExtHeaders)
@@ -188,8 +188,11 @@ func loadBytes(setOff asm.Instruction, adjust asm.Instructions, stack int16, n i
 
 // walkStep is header i of the chain: an extension header moves regOff
 // past itself and regNext to what follows it; anything else is the
-// upper layer.
-func walkStep(i int) asm.Instructions {
+// upper layer. A header cut short by the end of the frame jumps to cut.
+// With firstFragments, a fragment header of a first fragment is walked
+// past and any other fragment jumps to "next"; without, every fragment
+// does.
+func walkStep(i int, cut string, firstFragments bool) asm.Instructions {
 	sym := func(s string) string { return fmt.Sprintf("%s%d", s, i) }
 	insns := asm.Instructions{
 		asm.JEq.Imm(regNext, ip6HopByHop, sym("ext")).WithSymbol(sym("hdr")),
@@ -201,7 +204,7 @@ func walkStep(i int) asm.Instructions {
 	}
 	// Hop-by-Hop, Routing, Destination Options: Next Header, then the
 	// length in 8-octet units, not counting the first 8 octets.
-	ext := loadRel(0, -8, 2, "drop")
+	ext := loadRel(0, -8, 2, cut)
 	ext[0] = ext[0].WithSymbol(sym("ext"))
 	insns = append(insns, ext...)
 	insns = append(insns,
@@ -211,7 +214,7 @@ func walkStep(i int) asm.Instructions {
 		asm.Ja.Label(sym("len")),
 	)
 	// AH: the length is in 4-octet units, minus 2.
-	ah := loadRel(0, -8, 2, "drop")
+	ah := loadRel(0, -8, 2, cut)
 	ah[0] = ah[0].WithSymbol(sym("ah"))
 	insns = append(insns, ah...)
 	insns = append(insns,
@@ -222,9 +225,12 @@ func walkStep(i int) asm.Instructions {
 		asm.Add.Reg(regOff, asm.R2),
 		asm.Ja.Label(fmt.Sprintf("hdr%d", i+1)),
 	)
+	if !firstFragments {
+		return append(insns, asm.Ja.Label("next").WithSymbol(sym("frag")))
+	}
 	// Fragment: 8 octets; bytes 2 and 3 hold the offset in their top 13
 	// bits. Past a fragment that is not the first there is no header.
-	frag := loadRel(0, -8, 4, "drop")
+	frag := loadRel(0, -8, 4, cut)
 	frag[0] = frag[0].WithSymbol(sym("frag"))
 	insns = append(insns, frag...)
 	return append(insns,

@@ -90,17 +90,29 @@ func TestTapFiltersWithoutIPv4(t *testing.T) {
 
 func TestLinkFilters(t *testing.T) {
 	fs := linkFilters(3, 7)
-	if len(fs) != 12 {
-		t.Fatalf("got %d filters, want 12", len(fs))
+	if len(fs) != 13 {
+		t.Fatalf("got %d filters, want 13", len(fs))
 	}
 	for _, f := range fs[:11] {
 		if k := u32Keys(t, f); k[3].Val != 68 || f.Attrs().LinkIndex != 3 {
 			t.Errorf("dhcp reply filter keys %+v", k)
 		}
 	}
-	last := fs[11].(*netlink.U32)
-	m, ok := last.Actions[0].(*netlink.MirredAction)
-	if !ok || m.MirredAction != netlink.TCA_EGRESS_REDIR || m.Ifindex != 7 {
+	arp := fs[11].(*netlink.U32)
+	if k := u32Keys(t, arp); arp.Protocol != unix.ETH_P_ARP || arp.Priority != prioLinkARP ||
+		len(k) != 1 || k[0] != (nl.TcU32Key{Mask: 0xffff, Val: arpReply, Off: 4}) {
+		t.Errorf("arp reply filter %+v keys %+v", arp.Attrs(), k)
+	}
+	m, ok := arp.Actions[0].(*netlink.MirredAction)
+	if !ok || m.MirredAction != netlink.TCA_EGRESS_MIRROR || m.Ifindex != 7 || m.Attrs().Action != netlink.TC_ACT_OK {
+		t.Errorf("arp reply action %+v, want a copy to the tap, and the netns stack", arp.Actions[0])
+	}
+	last := fs[12].(*netlink.U32)
+	m, ok = last.Actions[0].(*netlink.MirredAction)
+	if !ok || m.MirredAction != netlink.TCA_EGRESS_REDIR || m.Ifindex != 7 || last.Priority != prioLinkToVM {
 		t.Errorf("redirect to tap: %+v", last.Actions)
+	}
+	if prioLinkIPv6Ext >= prioLinkSocket || prioLinkSocket >= prioLinkToVM {
+		t.Error("the socket classifier must run after the control traffic's filters and before the redirect")
 	}
 }
