@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -227,5 +229,58 @@ func TestMixedPodShimKilled(t *testing.T) {
 	waitGone(ctx, t, "the runc shim", func() bool { return len(runcShimsOf(side.id)) == 0 })
 	if left := processesMentioning(p.id); len(left) != 0 {
 		t.Errorf("processes left after the pod's removal: %q", left)
+	}
+}
+
+// TestMixedPodNetwork runs a sidecar HTTP server beside a VM that owns the
+// pod's IP: from the node's network, the sidecar's port reaches the
+// sidecar and the guest's port the guest; the sidecar's own connections
+// out of the pod get their replies; it reaches the guest at the pod IP;
+// and port-forward reaches either.
+func TestMixedPodNetwork(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*bootTimeout)
+	defer cancel()
+	importBusybox(ctx, t, criNamespace)
+	p := newCRI(t, env.daemon).runPod(ctx, t, "mixednet")
+	vm := p.startVM(ctx, t, imageKernelWaitCRI, nil)
+	vm.waitLog(ctx, t, "VMSHIM-HTTP-READY")
+	side := p.startOrdinary(ctx, t, "web", "", "sh", "-c",
+		"/bin/busybox mkdir -p /www && echo VMSHIM-SIDECAR-OK >/www/index.html && exec /bin/busybox httpd -f -p 8081 -h /www")
+	ip := p.ip(ctx, t)
+	node := "/run/netns/" + env.daemon.netns
+	// The sidecar's server is up once a GET from the pod's own netns works.
+	waitGone(ctx, t, "the sidecar's server", func() bool {
+		r, err := side.execSync(ctx, t, 10, "/bin/busybox", "wget", "-q", "-O-", "http://127.0.0.1:8081/")
+		return err == nil && r.ExitCode == 0
+	})
+
+	if body := httpGetAddr(ctx, t, node, net.JoinHostPort(ip, "8081")); !strings.Contains(body, "VMSHIM-SIDECAR-OK") {
+		t.Errorf("GET the pod's :8081 from the node: %q, want the sidecar's page", body)
+	}
+	if body := httpGetAddr(ctx, t, node, net.JoinHostPort(ip, "8080")); !strings.Contains(body, "VMSHIM-HTTP-OK") {
+		t.Errorf("GET the pod's :8080 from the node: %q, want the guest's page", body)
+	}
+
+	// Out of the pod: the node answers the sidecar.
+	serveIn(t, node, "tcp", net.JoinHostPort(bridgeGateway, "18091"), func(c net.Conn) {
+		defer c.Close()
+		_, _ = io.WriteString(c, "HTTP/1.0 200 OK\r\n\r\nVMSHIM-FROM-THE-NODE\n")
+	})
+	if out := side.mustExec(ctx, t, "/bin/busybox", "wget", "-q", "-O-", "http://"+net.JoinHostPort(bridgeGateway, "18091")+"/"); !strings.Contains(out, "VMSHIM-FROM-THE-NODE") {
+		t.Errorf("the sidecar's GET out of the pod: %q", out)
+	}
+	// From the sidecar, the pod IP is the guest.
+	if out := side.mustExec(ctx, t, "/bin/busybox", "wget", "-q", "-O-", "http://"+net.JoinHostPort(ip, "8080")+"/"); !strings.Contains(out, "VMSHIM-HTTP-OK") {
+		t.Errorf("the sidecar's GET of the guest at the pod IP: %q", out)
+	}
+	// Port-forward: the sidecar's port to it, the guest's to the guest.
+	if body := p.portForward(ctx, t, 8081, "GET / HTTP/1.0\r\n\r\n"); !strings.Contains(body, "VMSHIM-SIDECAR-OK") {
+		t.Errorf("port-forward to :8081: %q, want the sidecar's page", body)
+	}
+	if body := p.portForward(ctx, t, 8080, "GET / HTTP/1.0\r\n\r\n"); !strings.Contains(body, "VMSHIM-HTTP-OK") {
+		t.Errorf("port-forward to :8080: %q, want the guest's page", body)
+	}
+	if st := vm.status(ctx, t); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Errorf("VM state %v, want running", st.State)
 	}
 }
