@@ -13,7 +13,7 @@ import (
 // launch/steps.go for Create's). The qemu
 // step holds the three phases after it; the rest follow one another.
 var spanSteps = []string{
-	"resolve config", "record", "claim pod", "cgroup", "rootfs", "netns", "disks", "firmware", "host devices",
+	"classify", "resolve config", "record", "claim pod", "cgroup", "rootfs", "netns", "disks", "firmware", "host devices",
 	"shares", "network", "seed", "accelerator", "jail", "kernel", "resources",
 	"qemu", "qemu exec", "qmp greeting", "qmp setup", "pin vcpus", "start hooks", "cont",
 }

@@ -2,12 +2,18 @@ package shim
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/launch"
 	"github.com/vmshim/vmshim/runcshim"
 )
@@ -118,4 +124,57 @@ func (o *ordinaryTasks) shutdown(ctx context.Context) {
 	if pod != nil {
 		pod.Shutdown(ctx)
 	}
+}
+
+// refuseVMTarget refuses an ordinary container that would join the PID
+// namespace of one of the pod's VMs (an ephemeral container whose
+// `kubectl debug --target` names the VM container): the task's process is
+// QEMU, and the VM's processes are the guest's, out of any container's
+// reach. Joining the pod sandbox's, shared by the pod, is allowed.
+func (s *service) refuseVMTarget(id, bundle string) error {
+	spec, err := config.ReadSpec(bundle)
+	if err != nil {
+		return err
+	}
+	pid := specPIDNamespacePid(spec)
+	if pid == 0 {
+		return nil
+	}
+	sandbox := config.SandboxID(spec)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for tid, t := range s.tasks {
+		if t.pid == pid && tid != sandbox {
+			return fmt.Errorf("container %s: container %s runs a VM, whose processes are the guest's and cannot be shared (kubectl debug --target names a VM container): %w",
+				id, tid, errdefs.ErrFailedPrecondition)
+		}
+	}
+	return nil
+}
+
+// specPIDNamespacePid is N when spec joins the PID namespace
+// /proc/N/ns/pid, as the CRI points a container at another's; 0 else.
+func specPIDNamespacePid(spec *specs.Spec) int {
+	if spec.Linux == nil {
+		return 0
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type != specs.PIDNamespace {
+			continue
+		}
+		rest, ok := strings.CutPrefix(ns.Path, "/proc/")
+		if !ok {
+			return 0
+		}
+		n, ok := strings.CutSuffix(rest, "/ns/pid")
+		if !ok {
+			return 0
+		}
+		pid, err := strconv.Atoi(n)
+		if err != nil || pid <= 0 {
+			return 0
+		}
+		return pid
+	}
+	return 0
 }

@@ -1,11 +1,17 @@
 package shim
 
 import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/vmshim/vmshim/runcshim"
 	"github.com/vmshim/vmshim/runcshim/runcshimtest"
@@ -24,12 +30,15 @@ func TestServiceOrdinary(t *testing.T) {
 	s, l, p, _ := newService(t)
 	s.ordinary = newOrdinaryTasks(runcshim.Config{SocketDir: t.TempDir()})
 	l.mu.Lock()
-	l.ordinary, l.runcShim = map[string]bool{"side": true}, bin
+	l.ordinary, l.runcShim = map[string]bool{"side": true, "dbg": true}, bin
 	l.mu.Unlock()
 	base, _ := testLogger(t)
 	ctx := namespaces.WithNamespace(base, "test")
 
 	bundle := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	resp, err := s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "side", Bundle: bundle})
 	if err != nil || resp.Pid != 99 {
 		t.Fatalf("create: %v, %v", resp, err)
@@ -49,6 +58,23 @@ func TestServiceOrdinary(t *testing.T) {
 	create(t, s, p, vmReq)
 	if !slices.Contains(fake.Calls(), "create side") || slices.Contains(fake.Calls(), "create vm1") {
 		t.Errorf("runc shim calls %q: want the ordinary container's create only", fake.Calls())
+	}
+
+	// An ephemeral container may not join the VM's PID namespace.
+	vmPid := l.vm(t, "vm1").pid
+	dbg := t.TempDir()
+	spec, _ := json.Marshal(&specs.Spec{Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
+		{Type: specs.PIDNamespace, Path: fmt.Sprintf("/proc/%d/ns/pid", vmPid)},
+	}}})
+	if err := os.WriteFile(filepath.Join(dbg, "config.json"), spec, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Create(ctx, &taskAPI.CreateTaskRequest{ID: "dbg", Bundle: dbg})
+	if err == nil || !strings.Contains(err.Error(), "container vm1 runs a VM, whose processes are the guest's and cannot be shared") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("debug container targeting the VM: %v", err)
+	}
+	if slices.Contains(fake.Calls(), "create dbg") {
+		t.Error("the refused debug container reached the runc shim")
 	}
 
 	if _, err := s.Delete(ctx, &taskAPI.DeleteRequest{ID: "side"}); err != nil {

@@ -114,11 +114,16 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	if r.Options != nil {
 		req.Options = r.Options
 	}
+	begin := time.Now()
 	class, err := s.launcher.Classify(ctx, req)
+	launch.Span(log.G(ctx).WithField("id", r.ID), "classify", begin)
 	if err != nil {
 		return nil, toGRPC(createError(err))
 	}
 	if !class.VM {
+		if err := s.refuseVMTarget(r.ID, r.Bundle); err != nil {
+			return nil, toGRPC(err)
+		}
 		resp, err := s.ordinary.create(ctx, r, class)
 		if err != nil {
 			return nil, toGRPC(createError(err))
