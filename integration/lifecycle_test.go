@@ -163,14 +163,7 @@ func TestCRIShimKilled(t *testing.T) {
 	defer cancel()
 	p, vm := runLeasedVM(ctx, t, "shimkill")
 	netns := p.netnsPath(ctx, t)
-	shims := shimsOf(p.id)
-	if len(shims) != 1 {
-		t.Fatalf("shims for the pod: %v", shims)
-	}
-	pid, _, _ := strings.Cut(shims[0], ":")
-	if out, err := exec.Command("kill", "-KILL", pid).CombinedOutput(); err != nil {
-		t.Fatalf("kill shim: %v %s", err, out)
-	}
+	killPodShim(t, p)
 	vm.waitExited(ctx, t)
 	waitGone(ctx, t, "qemu of "+vm.id, func() bool { return len(processesMentioning("guest="+vm.id)) == 0 })
 	waitGone(ctx, t, "pause process of "+p.id, func() bool { return len(processesMentioning("vmshim-pause "+netns)) == 0 })
@@ -191,6 +184,19 @@ func TestCRIShimKilled(t *testing.T) {
 	assertNothingLeftCRI(t, vm.id)
 	assertNoIDClaims(t, criNamespace+"/"+vm.id, criNamespace+"/"+p.id)
 	assertNoCNIErrors(t, env.daemon)
+}
+
+// killPodShim kills the pod's one VM shim with SIGKILL.
+func killPodShim(t *testing.T, p *pod) {
+	t.Helper()
+	shims := shimsOf(p.id)
+	if len(shims) != 1 {
+		t.Fatalf("shims for the pod: %v", shims)
+	}
+	pid, _, _ := strings.Cut(shims[0], ":")
+	if out, err := exec.Command("kill", "-KILL", pid).CombinedOutput(); err != nil {
+		t.Fatalf("kill shim: %v %s", err, out)
+	}
 }
 
 // runLeasedVM runs a pod with a VM container on the suite's daemon and

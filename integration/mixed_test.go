@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -215,14 +214,7 @@ func TestMixedPodShimKilled(t *testing.T) {
 	if st := side.status(ctx, t); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
 		t.Fatalf("sidecar state %v, want running", st.State)
 	}
-	shims := shimsOf(p.id)
-	if len(shims) != 1 {
-		t.Fatalf("VM shims for the pod: %v", shims)
-	}
-	pid, _, _ := strings.Cut(shims[0], ":")
-	if out, err := exec.Command("kill", "-KILL", pid).CombinedOutput(); err != nil {
-		t.Fatalf("kill shim: %v %s", err, out)
-	}
+	killPodShim(t, p)
 	side.waitExited(ctx, t)
 	waitGone(ctx, t, "the sidecar's sleep", func() bool { return len(processesMentioning("sleep 3601")) == 0 })
 	p.remove(t)
