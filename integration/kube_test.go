@@ -34,6 +34,7 @@ func TestKube(t *testing.T) {
 	t.Run("Restart", k.testRestart)
 	t.Run("OOMKilled", k.testOOMKilled)
 	t.Run("BadInput", k.testBadInput)
+	t.Run("MixedPod", k.testMixedPod)
 	t.Run("Deployment", k.testDeployment)
 }
 
