@@ -3,7 +3,6 @@ package launch
 import (
 	"fmt"
 	"path/filepath"
-	"strings"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -107,9 +106,12 @@ func (ns podNamespaces) steps() []thread.Step {
 // maxHostname is the longest host name Linux keeps (HOST_NAME_MAX).
 const maxHostname = 64
 
-// checkHostname refuses a host name that is not 1 to 64 bytes of
-// dot-separated labels (RFC 1123): each of 1 to 63 letters, digits and
-// hyphens, neither starting nor ending with a hyphen.
+// checkHostname refuses a host name the kernel would not keep whole (over
+// 64 bytes) or that holds a control character (a NUL or a newline that
+// would cut or forge the lines of whoever prints it). Others are set as
+// given, as runc sets them: the kubelet gives RFC 1123 names, and the
+// CRI's other callers may give any other, which the VM's DHCP and
+// cloud-init carry as a value.
 func checkHostname(name string) error {
 	bad := func(why string) error {
 		return fmt.Errorf("pod hostname %.80q %s: %w", name, why, errdefs.ErrInvalidArgument)
@@ -117,17 +119,9 @@ func checkHostname(name string) error {
 	if name == "" || len(name) > maxHostname {
 		return bad(fmt.Sprintf("is %d bytes, not 1 to %d", len(name), maxHostname))
 	}
-	for _, label := range strings.Split(name, ".") {
-		if label == "" || len(label) > 63 {
-			return bad(fmt.Sprintf("has a label of %d bytes, not 1 to 63", len(label)))
-		}
-		if label[0] == '-' || label[len(label)-1] == '-' {
-			return bad("has a label that starts or ends with a hyphen")
-		}
-		for _, c := range []byte(label) {
-			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-') {
-				return bad(fmt.Sprintf("holds %q, not a letter, digit, hyphen or dot", []byte{c}))
-			}
+	for _, c := range []byte(name) {
+		if c < 0x20 || c == 0x7f {
+			return bad(fmt.Sprintf("holds the control character %q", []byte{c}))
 		}
 	}
 	return nil

@@ -93,7 +93,7 @@ func TestSandboxNamespaces(t *testing.T) {
 		{name: "listed twice", spec: linuxSpec("", ipc, uts, ipc), err: `lists namespace "ipc" twice`},
 		{name: "network listed twice", spec: linuxSpec("", net, at(net, "/run/netns/other")), err: `lists namespace "network" twice`},
 		{name: "relative path", spec: linuxSpec("", at(uts, "proc/7/ns/uts")), err: `"uts" namespace path "proc/7/ns/uts" is not absolute`},
-		{name: "bad host name", spec: linuxSpec("web_0", net, uts), err: `pod hostname "web_0" holds "_"`},
+		{name: "bad host name", spec: linuxSpec("web\n0", net, uts), err: `pod hostname "web\n0" holds the control character "\n"`},
 		{name: "host name too long", spec: linuxSpec(strings.Repeat("a", 65), uts), err: "is 65 bytes, not 1 to 64"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -127,28 +127,19 @@ func b2i(b bool) int {
 func TestCheckHostname(t *testing.T) {
 	for _, ok := range []string{
 		"a", "web-0", "WEB-0", "pod.ns.svc.cluster.local", "0", "a-b-c", "x1.y2",
-		strings.Repeat("a", 63), strings.Repeat("a.", 31) + "bc",
+		strings.Repeat("a", 64), "host,id=evil", "a_b", "a b", "é", "-a",
 	} {
 		if err := checkHostname(ok); err != nil {
 			t.Errorf("checkHostname(%q): %v", ok, err)
 		}
 	}
 	for bad, want := range map[string]string{
-		"":                             "is 0 bytes",
-		strings.Repeat("a", 64):        "has a label of 64 bytes",
-		strings.Repeat("a.", 32) + "a": "is 65 bytes",
-		strings.Repeat("a", 63) + ".":  "has a label of 0 bytes",
-		".a":                           "has a label of 0 bytes",
-		"a..b":                         "has a label of 0 bytes",
-		"-a":                           "starts or ends with a hyphen",
-		"a-.b":                         "starts or ends with a hyphen",
-		"a_b":                          `holds "_"`,
-		"a b":                          `holds " "`,
-		"a\nb":                         `holds "\n"`,
-		"a\x00b":                       `holds "\x00"`,
-		"é":                            `holds "\xc3"`,
-		"a/b":                          `holds "/"`,
-		strings.Repeat("x", 1000):      "is 1000 bytes, not 1 to 64",
+		"":                        "is 0 bytes",
+		strings.Repeat("a", 65):   "is 65 bytes, not 1 to 64",
+		"a\nb":                    `holds the control character "\n"`,
+		"a\x00b":                  `holds the control character "\x00"`,
+		"a\x7fb":                  `holds the control character "\x7f"`,
+		strings.Repeat("x", 1000): "is 1000 bytes, not 1 to 64",
 	} {
 		err := checkHostname(bad)
 		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") || !errdefs.IsInvalidArgument(err) {
