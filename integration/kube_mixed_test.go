@@ -75,11 +75,13 @@ func (k *kubeCluster) testMixedPod(t *testing.T) {
 		t.Errorf("kubectl exec -i -c side: exit %d, %q, %q", code, out, errOut)
 	}
 
-	// Another pod (runc, no RuntimeClass) reaches both servers at the
-	// pod IP; the sidecar reaches it.
+	// Another pod reaches both servers at the pod IP; the sidecar
+	// reaches it. It runs through the same RuntimeClass with no VM at
+	// all: its one container is an ordinary one.
+	vm := "vm"
 	client := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "client", Namespace: kubeNamespace},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{busyboxContainer("client",
+		Spec: corev1.PodSpec{RuntimeClassName: &vm, Containers: []corev1.Container{busyboxContainer("client",
 			"/bin/busybox mkdir -p /w && echo VMSHIM-CLIENT-OK >/w/index.html && exec /bin/busybox httpd -f -p 8082 -h /w")}},
 	}
 	cp := k.runReadyPod(ctx, t, client)
