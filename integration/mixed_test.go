@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -256,6 +258,12 @@ func TestMixedPodNetwork(t *testing.T) {
 	// Out of the pod: the node answers the sidecar.
 	serveIn(t, node, "tcp", net.JoinHostPort(bridgeGateway, "18091"), func(c net.Conn) {
 		defer c.Close()
+		// The request is read whole before the answer: a socket closed
+		// with a request unread resets the connection, answer and all.
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
 		_, _ = io.WriteString(c, "HTTP/1.0 200 OK\r\n\r\nVMSHIM-FROM-THE-NODE\n")
 	})
 	if out := side.mustExec(ctx, t, "/bin/busybox", "wget", "-q", "-O-", "http://"+net.JoinHostPort(bridgeGateway, "18091")+"/"); !strings.Contains(out, "VMSHIM-FROM-THE-NODE") {
