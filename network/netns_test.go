@@ -1,15 +1,19 @@
 package network
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+	kwait "k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/vmshim/vmshim/thread"
 )
@@ -91,4 +95,43 @@ func newNamedNS(t *testing.T, name string) (netns.NsHandle, *netlink.Handle) {
 		}
 	})
 	return ns, h
+}
+
+// settleLink waits until the link called name has carrier and want IPv6
+// addresses, none of them tentative. A veth's carrier, and with it the
+// end of its addresses' tentative state, comes from the kernel's link
+// watch a moment after both ends are up; until then a connection to one
+// of the addresses finds no route.
+func settleLink(t testing.TB, h *netlink.Handle, name string, want int) {
+	t.Helper()
+	var (
+		last  netlink.Link
+		addrs []netlink.Addr
+	)
+	err := kwait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		l, err := h.LinkByName(name)
+		if err != nil {
+			return false, err
+		}
+		last = l
+		if addrs, err = h.AddrList(l, netlink.FAMILY_V6); err != nil {
+			return false, err
+		}
+		if l.Attrs().RawFlags&unix.IFF_LOWER_UP == 0 || len(addrs) != want {
+			return false, nil
+		}
+		for _, a := range addrs {
+			if a.Flags&unix.IFA_F_TENTATIVE != 0 {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		var flags net.Flags
+		if last != nil {
+			flags = last.Attrs().Flags
+		}
+		t.Fatalf("%s did not settle: %v; flags %v addrs %v", name, err, flags, addrs)
+	}
 }

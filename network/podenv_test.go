@@ -147,29 +147,8 @@ var statsLine = regexp.MustCompile(`(?m)^\s*(RX|TX|Sent|backlog|rate).*\n(\s+\d.
 // link-local included, are no longer tentative.
 func (e *podEnv) settle() {
 	e.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
 	for _, pl := range e.links {
-		for {
-			l, err := e.podH.LinkByName(pl.name)
-			if err != nil {
-				e.t.Fatal(err)
-			}
-			addrs, err := e.podH.AddrList(l, netlink.FAMILY_V6)
-			if err != nil {
-				e.t.Fatal(err)
-			}
-			ready := l.Attrs().RawFlags&unix.IFF_LOWER_UP != 0 && len(addrs) == 2
-			for _, a := range addrs {
-				ready = ready && a.Flags&unix.IFA_F_TENTATIVE == 0
-			}
-			if ready {
-				break
-			}
-			if time.Now().After(deadline) {
-				e.t.Fatalf("%s did not settle: flags %v addrs %v", pl.name, l.Attrs().Flags, addrs)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		settleLink(e.t, e.podH, pl.name, 2)
 	}
 }
 

@@ -131,6 +131,9 @@ func newSockEnv(t testing.TB) *sockEnv {
 			t.Fatal(err)
 		}
 	}
+	// fd00:99::5/64, fd00:99::1/64, fe80::99:5/64 and the kernel's own
+	// link-local address.
+	settleLink(t, h, "pod0", 4)
 	var (
 		mu      sync.Mutex // guards closers, which the accepting goroutines add to
 		closers []io.Closer
