@@ -27,10 +27,10 @@ func busyboxContainer(name, script string) corev1.Container {
 // the VM, through the kubelet. The init container writes into an
 // emptyDir that the guest reads; a sidecar's port and the guest's are
 // both served at the pod IP to another pod; the sidecar reaches another
-// pod; kubectl logs, exec and debug work on the ordinary containers, and
-// debug --target on the VM is refused; a sidecar that exceeds its memory
-// limit is OOM-killed and restarted while the VM runs on; deleting the
-// pod leaves no runc shim.
+// pod; kubectl logs, exec (-i and -it) and debug (-it too) work on the
+// ordinary containers, and debug --target on the VM is refused; a
+// sidecar that exceeds its memory limit is OOM-killed and restarted
+// while the VM runs on; deleting the pod leaves no runc shim.
 func (k *kubeCluster) testMixedPod(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*kubeTimeout)
 	defer cancel()
@@ -74,6 +74,15 @@ func (k *kubeCluster) testMixedPod(t *testing.T) {
 	if code != 3 || !strings.Contains(out, "VMSHIM-42") {
 		t.Errorf("kubectl exec -i -c side: exit %d, %q, %q", code, out, errOut)
 	}
+	// kubectl exec -it on the sidecar: the container's shell on a
+	// terminal of the client's size, its exit code kubectl's.
+	tty := k.startKubectlTTY(ctx, t, 24, 81, "-n", kubeNamespace, "exec", "-it", "mixed", "-c", "side", "--", "/bin/busybox", "sh")
+	tty.waitFor("# ")
+	tty.typ("echo side-$((6*7)); /bin/busybox stty size\r")
+	tty.waitFor("side-42")
+	tty.waitFor("24 81")
+	tty.typ("exit 4\r")
+	tty.exit(ctx, 4)
 
 	// Another pod reaches both servers at the pod IP; the sidecar
 	// reaches it. It runs through the same RuntimeClass with no VM at
@@ -119,6 +128,19 @@ func (k *kubeCluster) testMixedPod(t *testing.T) {
 	if out, err := k.kubectlOK(ctx, "-n", kubeNamespace, "logs", "mixed", "-c", "dbg"); err != nil || !strings.Contains(out, "VMSHIM-HTTP-OK") {
 		t.Errorf("the debug container's GET of the guest: %q, %v", out, err)
 	}
+	// kubectl debug -it: a shell on a terminal, in the pod's network,
+	// that reaches the guest's port at the pod IP.
+	tty = k.startKubectlTTY(ctx, t, 24, 80, "-n", kubeNamespace, "debug", "-it", "mixed", "-c", "dbgtty", "--image="+busyboxImage,
+		"--image-pull-policy=Never", "--", "/bin/busybox", "sh")
+	// The shell's first prompt may come before kubectl attaches.
+	tty.waitFor("pressing enter")
+	tty.typ("/bin/busybox wget -q -O- http://" + net.JoinHostPort(ip, "8080") + "/; echo got-$((40+2))\r")
+	tty.waitFor("got-42")
+	if !strings.Contains(tty.screen.String(), "VMSHIM-HTTP-OK") {
+		t.Errorf("kubectl debug -it: the guest's port did not answer")
+	}
+	tty.typ("exit\r")
+	tty.exit(ctx, 0)
 	if _, err := k.kubectlOK(ctx, "-n", kubeNamespace, "debug", "mixed", "-c", "dbgvm", "--target=vm", "--image="+busyboxImage,
 		"--image-pull-policy=Never", "--", "/bin/busybox", "sleep", "60"); err != nil {
 		t.Errorf("kubectl debug --target=vm: %v", err)

@@ -44,6 +44,92 @@ func setWinsize(f *os.File, rows, cols uint16) error {
 	return unix.IoctlSetWinsize(int(f.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols})
 }
 
+// kubectlTTY is kubectl on a real terminal, as a user runs it: what it
+// prints is on screen, what the test types goes to its terminal.
+type kubectlTTY struct {
+	t      *testing.T
+	master *os.File
+	screen *consoleOut
+	// live is cancelled when kubectl exits (a refused tty, a broken
+	// stream), so that every wait on the screen ends early then.
+	live    context.Context
+	waited  chan struct{}
+	waitErr error
+}
+
+// startKubectlTTY starts kubectl args on a new terminal of rows x cols;
+// the test's end kills it if it still runs and logs the screen.
+func (k *kubeCluster) startKubectlTTY(ctx context.Context, t *testing.T, rows, cols uint16, args ...string) *kubectlTTY {
+	t.Helper()
+	master, slave, err := openPTY()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { master.Close() })
+	if err := setWinsize(master, rows, cols); err != nil {
+		t.Fatal(err)
+	}
+	cmd := k.kubectl(ctx, args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		slave.Close()
+		t.Fatalf("start kubectl %s: %v", strings.Join(args, " "), err)
+	}
+	slave.Close()
+	s := &kubectlTTY{t: t, master: master, screen: newConsoleOut(), waited: make(chan struct{})}
+	go func() { _, _ = io.Copy(s.screen, master) }()
+	go func() { s.waitErr = cmd.Wait(); close(s.waited) }()
+	live, stopLive := context.WithCancel(ctx)
+	s.live = live
+	go func() {
+		select {
+		case <-s.waited:
+			stopLive()
+		case <-live.Done():
+		}
+	}()
+	t.Cleanup(func() {
+		stopLive()
+		select {
+		case <-s.waited:
+		default:
+			_ = cmd.Process.Kill()
+			<-s.waited
+		}
+		t.Logf("terminal of kubectl %s:\n%s", strings.Join(args, " "), strings.ReplaceAll(s.screen.String(), "\r", ""))
+	})
+	return s
+}
+
+// typ types str on the terminal.
+func (s *kubectlTTY) typ(str string) {
+	s.t.Helper()
+	if _, err := s.master.WriteString(str); err != nil {
+		s.t.Fatalf("type %q: %v", str, err)
+	}
+}
+
+// waitFor waits until the screen shows marker.
+func (s *kubectlTTY) waitFor(marker string) {
+	s.t.Helper()
+	s.screen.waitFor(s.live, s.t, marker)
+}
+
+// exit waits for kubectl to end and checks that its exit code is code.
+func (s *kubectlTTY) exit(ctx context.Context, code int) {
+	s.t.Helper()
+	select {
+	case <-s.waited:
+	case <-ctx.Done():
+		s.t.Fatal("kubectl did not end after the shell exited")
+	}
+	var ee *exec.ExitError
+	if code == 0 && s.waitErr != nil || code != 0 && (!errors.As(s.waitErr, &ee) || ee.ExitCode() != code) {
+		s.t.Errorf("kubectl ended with %v, want exit status %d", s.waitErr, code)
+	}
+}
+
 // testExecTTY: `kubectl exec -it POD -- sh` with kubectl on a real
 // terminal, as a user types: the guest's shell echoes what is typed and
 // runs it, sees the terminal's size and its change (SIGWINCH on the
@@ -52,55 +138,9 @@ func setWinsize(f *os.File, rows, cols uint16) error {
 func (k *kubeCluster) testExecTTY(t *testing.T, p *corev1.Pod) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	master, slave, err := openPTY()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer master.Close()
-	if err := setWinsize(master, 33, 101); err != nil {
-		t.Fatal(err)
-	}
-	cmd := k.kubectl(ctx, "-n", kubeNamespace, "exec", "-it", p.Name, "--", "sh")
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-	if err := cmd.Start(); err != nil {
-		slave.Close()
-		t.Fatalf("start kubectl exec -it: %v", err)
-	}
-	slave.Close()
-	screen := newConsoleOut()
-	go func() { _, _ = io.Copy(screen, master) }()
-	waited := make(chan struct{})
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(waited) }()
-	defer func() {
-		select {
-		case <-waited:
-		default:
-			_ = cmd.Process.Kill()
-			<-waited
-		}
-		t.Logf("terminal:\n%s", strings.ReplaceAll(screen.String(), "\r", ""))
-	}()
+	s := k.startKubectlTTY(ctx, t, 33, 101, "-n", kubeNamespace, "exec", "-it", p.Name, "--", "sh")
+	master, screen, live, typ := s.master, s.screen, s.live, s.typ
 
-	// Every wait ends early if kubectl exits (a refused tty, a broken
-	// stream): live is cancelled then.
-	live, stopLive := context.WithCancel(ctx)
-	defer stopLive()
-	go func() {
-		select {
-		case <-waited:
-			stopLive()
-		case <-live.Done():
-		}
-	}()
-
-	typ := func(s string) {
-		t.Helper()
-		if _, err := master.WriteString(s); err != nil {
-			t.Fatalf("type %q: %v", s, err)
-		}
-	}
 	// Typing starts at the guest shell's prompt, once kubectl has put
 	// the local terminal in raw mode: from then on every echo is the
 	// guest's. What the shell prints differs from what was typed.
@@ -137,15 +177,7 @@ func (k *kubeCluster) testExecTTY(t *testing.T, p *corev1.Pod) {
 	screen.waitFor(live, t, "after-130")
 
 	typ("exit 3\r")
-	select {
-	case <-waited:
-	case <-ctx.Done():
-		t.Fatal("kubectl exec -it did not end after the shell exited")
-	}
-	var ee *exec.ExitError
-	if !errors.As(waitErr, &ee) || ee.ExitCode() != 3 {
-		t.Errorf("kubectl exec -it ended with %v, want exit status 3", waitErr)
-	}
+	s.exit(ctx, 3)
 	if strings.Contains(screen.String(), "not-2-interrupted") {
 		t.Errorf("Ctrl-C did not interrupt sleep")
 	}
