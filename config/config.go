@@ -124,6 +124,10 @@ type Config struct {
 	UEFIVars       string `toml:"uefi_vars"`
 	UEFISecureCode string `toml:"uefi_secure_code"`
 	UEFISecureVars string `toml:"uefi_secure_vars"`
+	// Mesh is what becomes of a VM in a pod whose network namespace
+	// steers traffic through a proxy with netfilter rules, when
+	// vmshim.io/mesh does not say: MeshRefuse or MeshBypass.
+	Mesh string `toml:"mesh"`
 	// QEMUUser was the one user every QEMU ran as; each VM now has its
 	// own (Jail). Kept only to name it when a config still sets it.
 	QEMUUser string `toml:"qemu_user"`
@@ -170,6 +174,7 @@ func Default() Config {
 		UEFIVars:              "/usr/share/OVMF/OVMF_VARS_4M.fd",
 		UEFISecureCode:        "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd",
 		UEFISecureVars:        "/usr/share/OVMF/OVMF_VARS_4M.ms.fd",
+		Mesh:                  MeshRefuse,
 	}
 }
 
@@ -300,6 +305,9 @@ func (c Config) validate() error {
 	}
 	if !validDiskDriver(c.DiskDriver) {
 		add("disk_driver", "%q is not one of virtio-blk, virtio-scsi, nvme, sata, ide", c.DiskDriver)
+	}
+	if !oneOf(c.Mesh, MeshRefuse, MeshBypass) {
+		add("mesh", "%q is not one of %s, %s", c.Mesh, MeshRefuse, MeshBypass)
 	}
 	if msg := checkCmdline(c.KernelCmdline); msg != "" {
 		add("kernel_cmdline", "%s", msg)

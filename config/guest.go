@@ -23,6 +23,11 @@ const (
 	// AnnotationMachine picks QEMU's machine: MachineQ35 or, for a
 	// kernel that has virtio-mmio, MachineMicroVM.
 	AnnotationMachine = AnnotationPrefix + "machine"
+	// AnnotationMesh says what becomes of a VM in a pod whose network
+	// namespace steers traffic through a proxy with netfilter rules, as
+	// a service mesh's init container installs them, which the VM's
+	// traffic bypasses: MeshRefuse or MeshBypass.
+	AnnotationMesh = AnnotationPrefix + "mesh"
 )
 
 // LabelFirmware is the image label that picks the firmware, as
@@ -62,6 +67,15 @@ const (
 	MachineMicroVM = "microvm"
 )
 
+// What a VM does in a pod that steers traffic (AnnotationMesh).
+const (
+	// MeshRefuse refuses the VM in one line: its traffic would bypass
+	// the pod's proxy and the mesh's policies with it.
+	MeshRefuse = "refuse"
+	// MeshBypass runs the VM, its traffic outside the mesh.
+	MeshBypass = "bypass"
+)
+
 // Guest OSes.
 const (
 	OSLinux   = "linux"
@@ -70,7 +84,7 @@ const (
 
 // guestAnnotations are the parsed annotations of this file; "" is unset.
 type guestAnnotations struct {
-	firmware, graphics, nicModel, os, machine string
+	firmware, graphics, nicModel, os, machine, mesh string
 }
 
 // parseGuestAnnotations reads the annotations that fit the VM to its guest.
@@ -86,6 +100,7 @@ func parseGuestAnnotations(in map[string]string) (guestAnnotations, error) {
 		{AnnotationNICModel, &g.nicModel, []string{NICVirtio, NICE1000, NICE1000E, NICRTL8139}},
 		{AnnotationOS, &g.os, []string{OSLinux, OSWindows}},
 		{AnnotationMachine, &g.machine, []string{MachineQ35, MachineMicroVM}},
+		{AnnotationMesh, &g.mesh, []string{MeshRefuse, MeshBypass}},
 	} {
 		v, ok := in[a.key]
 		if !ok {

@@ -36,6 +36,7 @@ type VM struct {
 	NICModel string // NICVirtio (also when ""), NICE1000, NICE1000E or NICRTL8139
 	Windows  bool   // vmshim.io/os windows
 	Machine  string // vmshim.io/machine: MachineMicroVM, or "" (or MachineQ35) for q35
+	Mesh     string // vmshim.io/mesh, else the config's mesh: MeshRefuse or MeshBypass
 
 	Resources Resources
 }
@@ -89,6 +90,10 @@ func Resolve(cfg Config, id string, spec *specs.Spec) (*VM, error) {
 	}
 	vm.DiskURL, vm.DiskSHA256 = ann.diskURL, ann.diskSHA256
 	resolveGuest(vm, ann)
+	vm.Mesh = cfg.Mesh
+	if ann.guest.mesh != "" {
+		vm.Mesh = ann.guest.mesh
+	}
 	if err := resolveMachine(vm, ann, spec.Annotations); err != nil {
 		return nil, err
 	}

@@ -69,6 +69,7 @@ func baseVM() VM {
 	return VM{
 		ID: "c1", Hostname: "vm1", VCPUs: 1, MemoryMiB: 512, DiskDriver: "virtio-blk",
 		KernelCmdline: "console=ttyS0 no_timer_check", Env: []string{"A=1"}, BootTimeout: 60 * time.Second,
+		Mesh: MeshRefuse,
 	}
 }
 
@@ -155,6 +156,13 @@ func TestResolve(t *testing.T) {
 		{name: "unknown vmshim annotation", spec: newSpec(withAnn("vmshim.io/cpus", "2")), wantErr: "unknown annotation vmshim.io/cpus"},
 		{name: "unknown vmshim annotations sorted", spec: newSpec(withAnn("vmshim.io/z", ""), withAnn("vmshim.io/a", "")), wantErr: "unknown annotation vmshim.io/a, vmshim.io/z"},
 		{name: "foreign annotations ignored", spec: newSpec(withAnn("io.kubernetes.cri.sandbox-id", "x"), withAnn("example.com/vmshim.io/vcpus", "x")), want: func(*VM) {}},
+
+		// mesh
+		{name: "mesh bypass", spec: newSpec(withAnn(AnnotationMesh, "bypass")), want: func(vm *VM) { vm.Mesh = MeshBypass }},
+		{name: "mesh from the config", cfg: func(c *Config) { c.Mesh = MeshBypass }, spec: newSpec(), want: func(vm *VM) { vm.Mesh = MeshBypass }},
+		{name: "mesh refuse over the config", cfg: func(c *Config) { c.Mesh = MeshBypass }, spec: newSpec(withAnn(AnnotationMesh, "refuse")), want: func(*VM) {}},
+		{name: "mesh bad", spec: newSpec(withAnn(AnnotationMesh, "istio")), wantErr: `annotation vmshim.io/mesh: "istio" is not one of refuse, bypass`},
+		{name: "mesh bad config", cfg: func(c *Config) { c.Mesh = "" }, spec: newSpec(), wantErr: `config: mesh: "" is not one of refuse, bypass`},
 
 		// bad inputs
 		{name: "nil spec", spec: nil, wantErr: "container c1: no runtime spec"},

@@ -2,6 +2,7 @@ package launch
 
 import (
 	"context"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -19,6 +20,7 @@ import (
 	"path/filepath"
 
 	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -206,6 +208,9 @@ func (c *build) network(ctx context.Context) error {
 	if c.nsPath == "" {
 		return nil
 	}
+	if err := checkSteering(c.nsPath, c.desc.Mesh, c.logger); err != nil {
+		return err
+	}
 	opts := network.Options{Hostname: c.host, ResolvConf: podResolvConf(c.spec), Logger: c.logger}
 	if c.desc.VNC {
 		c.vnc = &vncServer{logger: c.logger}
@@ -227,6 +232,29 @@ func (c *build) network(ctx context.Context) error {
 		c.qs.NICs = append(c.qs.NICs, qemu.NIC{ID: fmt.Sprintf("net%d", i), TapFD: c.fds.Add(nic.Tap), MAC: nic.MAC.String(), Model: c.desc.NICModel})
 	}
 	return nil
+}
+
+// checkSteering refuses the VM in one line when the netns at path
+// steers traffic through a proxy with netfilter rules, as a service
+// mesh's init container installs them, unless mesh is MeshBypass: the
+// tc datapath moves the VM's packets between the CNI interface and the
+// tap before netfilter sees them, so the VM's traffic would bypass the
+// proxy and the mesh's policies (docs/kubernetes.md, service meshes).
+func checkSteering(path, mesh string, logger *log.Entry) error {
+	rules, err := network.Steering(path)
+	if err != nil {
+		return fmt.Errorf("pod network: %w", err)
+	}
+	if len(rules) == 0 {
+		return nil
+	}
+	if mesh == config.MeshBypass {
+		logger.WithField("rules", rules).Warnf("the pod's network namespace steers traffic through a proxy; the VM's traffic bypasses it (%s: %s)", config.AnnotationMesh, config.MeshBypass)
+		return nil
+	}
+	return fmt.Errorf("the pod's network namespace steers traffic through a proxy (%s, as a service mesh's init container installs); "+
+		"the VM's traffic would bypass it and the mesh's policies: keep the pod out of the mesh (for Istio, the pod annotation sidecar.istio.io/inject: \"false\"), or set %s: %s: %w",
+		strings.Join(rules, ", "), config.AnnotationMesh, config.MeshBypass, errdefs.ErrFailedPrecondition)
 }
 
 // undoNetns removes the network namespace the shim made (madeNetns).
