@@ -62,6 +62,7 @@ type Shim struct {
 	address string
 	conn    *ttrpc.Client
 	task    taskAPI.TTRPCTaskService
+	closed  chan struct{} // closed with the connection, by either end
 }
 
 // Start runs the runc shim's start action for container id, whose bundle
@@ -125,8 +126,20 @@ func Dial(ctx context.Context, address string) (*Shim, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to runc shim at %s: %w", address, err)
 	}
-	conn := ttrpc.NewClient(c)
-	return &Shim{address: address, conn: conn, task: taskAPI.NewTTRPCTaskClient(conn)}, nil
+	closed := make(chan struct{})
+	conn := ttrpc.NewClient(c, ttrpc.WithOnClose(func() { close(closed) }))
+	return &Shim{address: address, conn: conn, task: taskAPI.NewTTRPCTaskClient(conn), closed: closed}, nil
+}
+
+// Gone tells whether the connection has closed: the runc shim ended, or
+// Close was called.
+func (s *Shim) Gone() bool {
+	select {
+	case <-s.closed:
+		return true
+	default:
+		return false
+	}
 }
 
 // Task is the runc shim's task service.
@@ -223,12 +236,19 @@ type Pod struct {
 func NewPod(cfg Config) *Pod { return &Pod{cfg: cfg} }
 
 // Get returns the pod's runc shim, starting it for container id if it
-// does not run yet.
+// does not run yet, or no longer does: a runc shim that died (killed,
+// crashed) is started again for the next container. The containers the
+// dead one served cannot be reached through the new one.
 func (p *Pod) Get(ctx context.Context, id, bundle string) (*Shim, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.shim != nil {
+	if p.shim != nil && !p.shim.Gone() {
 		return p.shim, nil
+	}
+	if p.shim != nil {
+		log.G(ctx).WithField("address", p.shim.Address()).Warn("the pod's runc shim is gone; starting it again")
+		_ = p.shim.Close()
+		p.shim = nil
 	}
 	ns, err := namespaces.NamespaceRequired(ctx)
 	if err != nil {

@@ -13,8 +13,10 @@ import (
 	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/vmshim/vmshim/runcshim/runcshimtest"
 )
@@ -178,4 +180,49 @@ func TestCleanup(t *testing.T) {
 			t.Errorf("corrupt record read: %v", err)
 		}
 	})
+}
+
+// TestPodShimDied: the pod's runc shim is started once and kept; once it
+// dies, the next container starts it again, and a call through the dead
+// one fails rather than hangs.
+func TestPodShimDied(t *testing.T) {
+	ctx := namespaces.WithNamespace(context.Background(), "k8s.io")
+	first, addr1 := runcshimtest.Serve(t)
+	cfg, _ := fakeConfig(t, "ok", addr1)
+	p := NewPod(cfg)
+	defer p.Shutdown(ctx)
+	bundle := testBundle(t, "")
+	s1, err := p.Get(ctx, "c1", bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := p.Get(ctx, "c2", bundle); err != nil || again != s1 {
+		t.Fatalf("second Get: %p, %v; want the running shim %p", again, err, s1)
+	}
+
+	first.Stop()
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return s1.Gone(), nil
+	}); err != nil {
+		t.Fatalf("the connection to a stopped runc shim never closed: %v", err)
+	}
+	if _, err := s1.Task().State(ctx, &taskAPI.StateRequest{ID: "c1"}); err == nil {
+		t.Errorf("a call through the dead runc shim succeeded")
+	}
+
+	second, addr2 := runcshimtest.Serve(t)
+	t.Setenv(runcshimtest.AddrEnv, addr2)
+	s2, err := p.Get(ctx, "c3", bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s2 == s1 || s2.Address() != addr2 {
+		t.Fatalf("Get after the runc shim died: %p at %s, want a new one at %s", s2, s2.Address(), addr2)
+	}
+	if _, err := s2.Task().State(ctx, &taskAPI.StateRequest{ID: "c3"}); err != nil {
+		t.Fatal(err)
+	}
+	if calls := second.Calls(); len(calls) != 1 || calls[0] != "state c3" {
+		t.Errorf("the new runc shim's calls: %q", calls)
+	}
 }

@@ -91,7 +91,12 @@ type Tasks struct {
 	mu    sync.Mutex
 	calls []string
 	opts  *options.Options // of the last Create
+	srv   *ttrpc.Server
 }
+
+// Stop stops serving and closes every connection, as a runc shim that
+// dies does.
+func (f *Tasks) Stop() { _ = f.srv.Close() }
 
 // Options are the runc options of the last Create.
 func (f *Tasks) Options() *options.Options {
@@ -159,7 +164,7 @@ func Serve(t *testing.T) (*Tasks, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &Tasks{}
+	f := &Tasks{srv: srv}
 	taskAPI.RegisterTTRPCTaskService(srv, f)
 	go func() { _ = srv.Serve(context.Background(), l) }()
 	t.Cleanup(func() { _ = srv.Close() })
