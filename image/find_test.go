@@ -13,36 +13,17 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/vmshim/vmshim/image/imagetest"
 )
 
 const qcow2Header = "QFI\xfb\x00\x00\x00\x03"
 
-// layout builds a rootfs: keys are rootfs paths, values file contents;
-// "->target" makes a symlink, "/" at the end of a key makes a directory.
+// layout builds a rootfs (imagetest.WriteTree).
 func layout(t *testing.T, files map[string]string) string {
 	t.Helper()
 	root := filepath.Join(t.TempDir(), "rootfs")
-	if err := os.Mkdir(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for rel, content := range files {
-		p := filepath.Join(root, rel)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		var err error
-		switch {
-		case strings.HasSuffix(rel, "/"):
-			err = os.MkdirAll(p, 0o755)
-		case strings.HasPrefix(content, "->"):
-			err = os.Symlink(strings.TrimPrefix(content, "->"), p)
-		default:
-			err = os.WriteFile(p, []byte(content), 0o644)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	imagetest.WriteTree(t, root, files)
 	return root
 }
 

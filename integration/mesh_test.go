@@ -4,7 +4,6 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -12,7 +11,6 @@ import (
 	"sort"
 	"strings"
 	"testing"
-	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -208,21 +206,7 @@ func TestMixedPodMesh(t *testing.T) {
 	// SYN to the netns (a socket listens on 8081), netfilter redirects
 	// it to the proxy, but the handshake's last ACK, still addressed to
 	// 8081, matches no socket and goes to the guest, which resets it.
-	var got string
-	err = inNetns(node, func() error {
-		conn, err := net.DialTimeout("tcp", net.JoinHostPort(ip, "8081"), 10*time.Second)
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := io.WriteString(conn, "GET / HTTP/1.0\r\n\r\n"); err != nil {
-			return err
-		}
-		data, err := io.ReadAll(conn)
-		got = string(data)
-		return err
-	})
+	got, err := httpGetIn(ctx, node, net.JoinHostPort(ip, "8081"))
 	if err == nil || strings.Contains(got, "OK") {
 		t.Errorf("GET the sidecar's redirected :8081 with the mesh bypassed: %q, %v; docs/kubernetes.md says it is reset", got, err)
 	}

@@ -150,6 +150,16 @@ func httpGet(ctx context.Context, t *testing.T, nsPath, ip string) string {
 // nsPath and returns the response.
 func httpGetAddr(ctx context.Context, t *testing.T, nsPath, addr string) string {
 	t.Helper()
+	body, err := httpGetIn(ctx, nsPath, addr)
+	if err != nil {
+		t.Errorf("GET %s from %s: %v", addr, nsPath, err)
+	}
+	return body
+}
+
+// httpGetIn is httpGetAddr that returns its error: what it read before
+// the error, and the error.
+func httpGetIn(ctx context.Context, nsPath, addr string) (string, error) {
 	var body string
 	err := inNetns(nsPath, func() error {
 		var d net.Dialer
@@ -166,10 +176,7 @@ func httpGetAddr(ctx context.Context, t *testing.T, nsPath, addr string) string 
 		body = string(data)
 		return err
 	})
-	if err != nil {
-		t.Errorf("GET %s from %s: %v", addr, nsPath, err)
-	}
-	return body
+	return body, err
 }
 
 // serveIn listens on addr in the network namespace at nsPath and hands

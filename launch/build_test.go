@@ -18,36 +18,17 @@ import (
 	"github.com/vmshim/vmshim/cloudinit"
 	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/image"
+	"github.com/vmshim/vmshim/image/imagetest"
 	"github.com/vmshim/vmshim/qemu"
 )
 
-// testLaunch is a launch at the steps after rootfs: a bundle with a
+// testBuild is a build at the steps after rootfs: a bundle with a
 // rootfs holding files, and a task record.
 func testBuild(t *testing.T, files map[string]string) *build {
 	t.Helper()
 	bundle := t.TempDir()
 	rootfs := filepath.Join(bundle, "rootfs")
-	for rel, content := range files {
-		p := filepath.Join(rootfs, rel)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		var err error
-		switch {
-		case strings.HasSuffix(rel, "/"):
-			err = os.MkdirAll(p, 0o755)
-		case strings.HasPrefix(content, "->"):
-			err = os.Symlink(strings.TrimPrefix(content, "->"), p)
-		default:
-			err = os.WriteFile(p, []byte(content), 0o644)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.MkdirAll(rootfs, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	imagetest.WriteTree(t, rootfs, files)
 	c := &build{
 		ns:      "k8s.io",
 		cfg:     config.Default(),

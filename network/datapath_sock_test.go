@@ -102,6 +102,13 @@ func ask(t *testing.T, ns netns.NsHandle, addr, req string) string {
 	if err != nil {
 		t.Fatalf("dial %s: %v", addr, err)
 	}
+	return exchange(t, c, addr, req)
+}
+
+// exchange sends req on c, connected to addr, half-closes, reads the
+// reply and closes c.
+func exchange(t *testing.T, c *net.TCPConn, addr, req string) string {
+	t.Helper()
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(15 * time.Second))
 	if _, err := io.WriteString(c, req); err != nil {
@@ -461,14 +468,7 @@ func TestSetupSocketRouting(t *testing.T) {
 func TestSetupSocketRoutingIPv6Only(t *testing.T) {
 	ctx := testCtx(t)
 	e := newPodEnv(t)
-	pl := e.addLink("eth0", 99, sideLink)
-	link, err := e.podH.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.podH.AddrDel(link, &netlink.Addr{IPNet: hostNet(pl.podIP.String() + "/24")}); err != nil {
-		t.Fatal(err)
-	}
+	e.addIPv6OnlyLink("eth0", 99)
 	n := e.setup(ctx)
 	if st := n.State(); st.SockTable != 0 || st.NonlocalBind != "" {
 		t.Errorf("state: table %d, ip_nonlocal_bind %q; want none", st.SockTable, st.NonlocalBind)

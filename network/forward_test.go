@@ -132,19 +132,7 @@ func (e *fwdEnv) ask(t *testing.T, network, addr, req string) string {
 	if err != nil {
 		t.Fatalf("dial %s in pod: %v", addr, err)
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(15 * time.Second))
-	if _, err := io.WriteString(c, req); err != nil {
-		t.Fatalf("write to %s: %v", addr, err)
-	}
-	if err := c.CloseWrite(); err != nil {
-		t.Fatalf("half-close %s: %v", addr, err)
-	}
-	got, err := io.ReadAll(c)
-	if err != nil {
-		t.Fatalf("read from %s: %v", addr, err)
-	}
-	return string(got)
+	return exchange(t, c, addr, req)
 }
 
 func testLogger() *logrus.Entry {

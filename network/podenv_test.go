@@ -76,6 +76,21 @@ func hostNet(s string) *net.IPNet {
 	return n
 }
 
+// addIPv6OnlyLink is addLink of a side link whose IPv4 address is taken
+// away again: the pod's interface has IPv6 alone.
+func (e *podEnv) addIPv6OnlyLink(name string, octet int) podLink {
+	e.t.Helper()
+	pl := e.addLink(name, octet, sideLink)
+	link, err := e.podH.LinkByName(name)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.podH.AddrDel(link, &netlink.Addr{IPNet: hostNet(pl.podIP.String() + "/24")}); err != nil {
+		e.t.Fatal(err)
+	}
+	return pl
+}
+
 // addLink adds pod interface name (subnet 10.<octet>.0.0/24) of the given kind.
 func (e *podEnv) addLink(name string, octet int, kind linkKind) podLink {
 	t := e.t

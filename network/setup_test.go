@@ -388,14 +388,7 @@ func TestTeardownWhileTapHeld(t *testing.T) {
 func TestSetupWithoutIPv4(t *testing.T) {
 	ctx := testCtx(t)
 	e := newPodEnv(t)
-	pl := e.addLink("eth0", 99, sideLink)
-	link, err := e.podH.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.podH.AddrDel(link, &netlink.Addr{IPNet: hostNet(pl.podIP.String() + "/24")}); err != nil {
-		t.Fatal(err)
-	}
+	e.addIPv6OnlyLink("eth0", 99)
 	before := e.snapshot()
 	n := e.setup(ctx)
 	nics := n.NICs()
