@@ -241,7 +241,21 @@ func (k *kubeCluster) testBadInput(t *testing.T) {
 			p.Spec.Containers[0].Command = []string{"/pause"}
 			return p
 		}, "runc create failed"},
+		// A service mesh's init container redirects the pod's inbound TCP.
+		{"meshed", func() *corev1.Pod {
+			p := vmPod("meshed", imageKernelWait)
+			init := corev1.Container{
+				Name: "mesh-init", Image: iptablesImage, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"iptables-nft", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15006"},
+				SecurityContext: &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN", "NET_RAW"}}},
+			}
+			p.Spec.InitContainers = []corev1.Container{init}
+			return p
+		}, "steers traffic through a proxy (nf_tables ip table nat chain PREROUTING"},
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), kubeTimeout)
+	importIptables(ctx, t, criNamespace)
+	cancel()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), kubeTimeout)
