@@ -16,6 +16,9 @@ CONTAINERD_VERSION ?= v2.4.2
 CONTAINERD_DIR := $(VMSHIM_CACHE)/tools/containerd-$(CONTAINERD_VERSION)
 NERDCTL_VERSION ?= v2.0.0
 NERDCTL        := $(VMSHIM_CACHE)/tools/nerdctl-$(NERDCTL_VERSION)/nerdctl
+# cri-tools' CRI validation suite, which TestCritest runs.
+CRITEST_VERSION ?= v1.37.0
+CRITEST        := $(VMSHIM_CACHE)/tools/cri-tools-$(CRITEST_VERSION)/critest
 GUEST_DIR      := $(VMSHIM_CACHE)/guest
 # The single-node cluster of the Kubernetes tests (integration/setup/kube.sh).
 ETCD_VERSION ?= v3.6.16
@@ -39,8 +42,8 @@ install: build ## install the shim, vmshim-pause and vmshim-pack into $(PREFIX)/
 
 setup: deps kube ## install and build everything the tests need (idempotent, cached)
 
-deps: ## install Debian packages, build containerd, its runc shim and nerdctl (idempotent, cached)
-	CONTAINERD_VERSION=$(CONTAINERD_VERSION) NERDCTL_VERSION=$(NERDCTL_VERSION) integration/setup/deps.sh >/dev/null
+deps: ## install Debian packages, build containerd, its runc shim, nerdctl and critest (idempotent, cached)
+	CONTAINERD_VERSION=$(CONTAINERD_VERSION) NERDCTL_VERSION=$(NERDCTL_VERSION) CRITEST_VERSION=$(CRITEST_VERSION) integration/setup/deps.sh >/dev/null
 
 kube: deps ## build etcd and Kubernetes for the Kubernetes tests (idempotent, cached)
 	ETCD_VERSION=$(ETCD_VERSION) KUBE_VERSION=$(KUBE_VERSION) integration/setup/kube.sh >/dev/null
@@ -88,7 +91,7 @@ fuzz: ## run every Go fuzz target for FUZZTIME (default 10s) each
 # cluster's binaries, so the Kubernetes tests fail rather than skip
 # without them.
 IT_ENV := VMSHIM_INTEGRATION=1 VMSHIM_BIN=$(BIN) VMSHIM_CONTAINERD=$(CONTAINERD_DIR) VMSHIM_GUEST=$(GUEST_DIR) \
-	VMSHIM_NERDCTL=$(NERDCTL) VMSHIM_KUBE=$(KUBE_DIR) VMSHIM_ETCD=$(ETCD_DIR) VMSHIM_KUBE_REQUIRED=1
+	VMSHIM_NERDCTL=$(NERDCTL) VMSHIM_CRITEST=$(CRITEST) VMSHIM_KUBE=$(KUBE_DIR) VMSHIM_ETCD=$(ETCD_DIR) VMSHIM_KUBE_REQUIRED=1
 # The reliability suite: churn, faults, bad input, security. `make test`
 # runs it too, with 20 churn cycles; VMSHIM_CHURN=200 is the full size.
 VMSHIM_CHURN ?= 20

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what vmshim's demo and tests need on a Debian 12 machine:
 # Debian packages, containerd built with `go install`, and nerdctl built
-# from a throw-away tool module, into the tools dir.
+# and critest from throw-away tool modules, into the tools dir.
 # Idempotent: a second run installs and builds nothing.
 set -euo pipefail
 
@@ -10,6 +10,8 @@ CACHE=${VMSHIM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vmshim}
 NERDCTL_VERSION=${NERDCTL_VERSION:-v2.0.0}
 TOOLS=$CACHE/tools/containerd-$CONTAINERD_VERSION
 NERDCTL_DIR=$CACHE/tools/nerdctl-$NERDCTL_VERSION
+CRITEST_VERSION=${CRITEST_VERSION:-v1.37.0}
+CRITEST_DIR=$CACHE/tools/cri-tools-$CRITEST_VERSION
 
 PACKAGES=(
 	qemu-system-x86 qemu-utils         # the VMMs and qcow2 tooling
@@ -63,8 +65,8 @@ fi
 if [ ! -x "$NERDCTL_DIR/nerdctl" ]; then
 	log "building nerdctl $NERDCTL_VERSION into $NERDCTL_DIR"
 	mod=$(mktemp -d)
-	trap 'rm -rf "$mod"' EXIT
 	(
+		trap 'rm -rf "$mod"' EXIT
 		cd "$mod"
 		export GONOSUMDB=github.com/containerd/nerdctl,github.com/containerd/nydus-snapshotter,github.com/containerd/stargz-snapshotter/ipfs
 		export GOFLAGS=-buildvcs=false CGO_ENABLED=0
@@ -73,6 +75,24 @@ if [ ! -x "$NERDCTL_DIR/nerdctl" ]; then
 		mkdir -p "$NERDCTL_DIR"
 		go build -o "$NERDCTL_DIR/nerdctl.tmp" github.com/containerd/nerdctl/v2/cmd/nerdctl
 		mv "$NERDCTL_DIR/nerdctl.tmp" "$NERDCTL_DIR/nerdctl"
+	)
+fi
+# critest is a Go test binary of cri-tools (its Makefile builds it with
+# `go test -c`); like nerdctl, it comes from a tool module of its own,
+# cri-tools exempt from the checksum database, which lacks it.
+if [ ! -x "$CRITEST_DIR/critest" ]; then
+	log "building critest $CRITEST_VERSION into $CRITEST_DIR"
+	mod=$(mktemp -d)
+	(
+		trap 'rm -rf "$mod"' EXIT
+		cd "$mod"
+		export GONOSUMDB=sigs.k8s.io/cri-tools
+		export GOFLAGS=-buildvcs=false CGO_ENABLED=0
+		go mod init vmshim-tools >/dev/null 2>&1
+		go get -t "sigs.k8s.io/cri-tools/cmd/critest@$CRITEST_VERSION" 2>/dev/null
+		mkdir -p "$CRITEST_DIR"
+		go test -c -trimpath -o "$CRITEST_DIR/critest.tmp" sigs.k8s.io/cri-tools/cmd/critest
+		mv "$CRITEST_DIR/critest.tmp" "$CRITEST_DIR/critest"
 	)
 fi
 echo "$TOOLS"
