@@ -89,6 +89,13 @@ func launchSandbox(ctx context.Context, r *Request, spec *specs.Spec, ns podName
 	if err != nil {
 		return nil, err
 	}
+	var sysctls map[string]string
+	if spec.Linux != nil {
+		sysctls = spec.Linux.Sysctl
+	}
+	if err := ns.checkSysctls(sysctls); err != nil {
+		return nil, err
+	}
 	rec := &Record{ID: r.ID, Bundle: r.Bundle}
 	defer func() {
 		if retErr != nil {
@@ -131,6 +138,11 @@ func launchSandbox(ctx context.Context, r *Request, spec *specs.Spec, ns podName
 		return nil, err
 	}
 	if err := setOOMScoreAdj(cmd.Process.Pid, spec); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, err
+	}
+	if err := setSysctls(cmd.Process.Pid, sysctls); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		return nil, err
