@@ -29,6 +29,7 @@ type daemon struct {
 	config        string
 	logPath       string
 	cri           bool // it serves the CRI
+	ipcns         bool // containerd runs in an IPC namespace of its own
 
 	cmd    *exec.Cmd     // the running containerd, nil when stopped
 	waited chan struct{} // closed when cmd has been reaped
@@ -127,7 +128,40 @@ type daemonOptions struct {
 	// (image layers and containers' writable layers) on a tmpfs of that
 	// many bytes.
 	snapshotterTmpfs int64
+	// registryHosts has the CRI resolve registries through the hosts.toml
+	// files under the daemon's registryDir (one directory per registry
+	// host), which the test writes before it pulls.
+	registryHosts bool
+	// ipcns starts containerd in an IPC namespace of its own, which pods
+	// with host IPC share and the test can join (ipcNS); a restart
+	// makes a new one.
+	ipcns bool
+	// nri serves containerd's NRI (Node Resource Interface) on a socket
+	// in the daemon's directory (nriSocket) that NRI plugins connect to.
+	nri bool
 }
+
+// nriConfig enables NRI on a socket of the daemon's own.
+const nriConfig = `[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = %q
+`
+
+// nriSocket is the NRI socket of a daemon started with nri.
+func (d *daemon) nriSocket() string { return filepath.Join(d.dir, "nri.sock") }
+
+// registryConfig points the CRI's image service at the hosts.toml files
+// of registryDir.
+const registryConfig = `[plugins."io.containerd.cri.v1.images".registry]
+  config_path = %q
+`
+
+// registryDir is the CRI's registry config_path of a daemon started with
+// registryHosts.
+func (d *daemon) registryDir() string { return filepath.Join(d.dir, "certs.d") }
+
+// ipcNS is the IPC namespace containerd runs in.
+func (d *daemon) ipcNS() string { return fmt.Sprintf("/proc/%d/ns/ipc", d.cmd.Process.Pid) }
 
 // startDaemon starts containerd with the shim directory on its PATH.
 func startDaemon(containerdDir, shimDir string, opts daemonOptions) (_ *daemon, retErr error) {
@@ -173,6 +207,15 @@ func startDaemon(containerdDir, shimDir string, opts daemonOptions) (_ *daemon, 
 			return nil, err
 		}
 		body += fmt.Sprintf(criConfig, pauseImage, cniDir, noJail, tight, small)
+		if opts.registryHosts {
+			if err := os.MkdirAll(d.registryDir(), 0o755); err != nil {
+				return nil, err
+			}
+			body += fmt.Sprintf(registryConfig, d.registryDir())
+		}
+		if opts.nri {
+			body += fmt.Sprintf(nriConfig, d.nriSocket())
+		}
 		d.cri = true
 	}
 	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
@@ -185,7 +228,7 @@ func startDaemon(containerdDir, shimDir string, opts daemonOptions) (_ *daemon, 
 		return nil, fmt.Errorf("ip netns add: %v: %s", err, out)
 	}
 	_ = exec.Command("ip", "-n", d.netns, "link", "set", "lo", "up").Run()
-	d.config, d.containerdBin, d.shimDir = cfg, filepath.Join(containerdDir, "containerd"), shimDir
+	d.config, d.containerdBin, d.shimDir, d.ipcns = cfg, filepath.Join(containerdDir, "containerd"), shimDir, opts.ipcns
 	if opts.snapshotterTmpfs > 0 {
 		// stop unmounts it with everything else under dir.
 		sn := filepath.Join(dir, "root", "io.containerd.snapshotter.v1.overlayfs")
@@ -215,6 +258,9 @@ func (d *daemon) start() error {
 	d.cmd.Env = append(os.Environ(), "PATH="+d.shimDir+":"+os.Getenv("PATH"), "VMSHIM_CONFIG="+filepath.Join(d.dir, "shim.toml"))
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if d.ipcns {
+		d.cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWIPC
+	}
 	if err := d.cmd.Start(); err != nil {
 		return fmt.Errorf("start containerd: %w", err)
 	}
