@@ -3,6 +3,7 @@ package launch
 import (
 	"fmt"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -57,11 +58,32 @@ func (ns podNamespaces) owns(t specs.LinuxNamespaceType) bool {
 	return false
 }
 
+// sysctlName is a sysctl's name in its dotted form: components of
+// letters, digits, '_' and '-', joined by single dots. Nothing else may
+// reach the path under /proc/sys it becomes: a '/' or an empty component
+// would let "net.x/../../kernel/core_pattern" pass as a network sysctl
+// and write the node's.
+var sysctlName = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
+
+// maxSysctls bounds how many sysctls a sandbox may set, and
+// maxSysctlName the length of a name.
+const (
+	maxSysctls    = 256
+	maxSysctlName = 256
+)
+
 // checkSysctls refuses a sysctl of the sandbox spec that is not in a
 // namespace the pod has of its own, as runc refuses it: setting it would
-// change the node's.
+// change the node's. A name that is not a plain dotted name is refused
+// before it is classed.
 func (ns podNamespaces) checkSysctls(sysctls map[string]string) error {
+	if len(sysctls) > maxSysctls {
+		return fmt.Errorf("%d sysctls, more than %d: %w", len(sysctls), maxSysctls, errdefs.ErrInvalidArgument)
+	}
 	for name := range sysctls {
+		if len(name) > maxSysctlName || !sysctlName.MatchString(name) {
+			return fmt.Errorf("sysctl %q is not a dotted sysctl name (letters, digits, _ and - between single dots): %w", name, errdefs.ErrInvalidArgument)
+		}
 		t, ok := sysctlNamespace(name)
 		if !ok || !ns.owns(t) {
 			return fmt.Errorf("sysctl %q is not in a namespace of the pod's own: %w", name, errdefs.ErrInvalidArgument)

@@ -2,6 +2,8 @@ package launch
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -29,6 +31,13 @@ func TestCheckSysctls(t *testing.T) {
 		{"uts, host uts", hostAll, "kernel.hostname", false},
 		{"node-wide", podOwn, "kernel.panic", false},
 		{"node-wide vm", podOwn, "vm.overcommit_memory", false},
+		{"net with a path out of net", podOwn, "net.x/../../kernel/core_pattern", false},
+		{"net with dot-dot", podOwn, "net..ipv4", false},
+		{"net, slash form", podOwn, "net/ipv4/ip_forward", false},
+		{"trailing dot", podOwn, "net.ipv4.", false},
+		{"empty", podOwn, "", false},
+		{"nul", podOwn, "net.ipv4\x00", false},
+		{"long", podOwn, "net." + strings.Repeat("a", 300), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.ns.checkSysctls(map[string]string{tc.sysctl: "1"})
@@ -39,5 +48,16 @@ func TestCheckSysctls(t *testing.T) {
 				t.Fatalf("checkSysctls(%s) = %v, want an invalid argument", tc.sysctl, err)
 			}
 		})
+	}
+}
+
+func TestCheckSysctlsCount(t *testing.T) {
+	ns := podNamespaces{netns: "/run/netns/pod"}
+	many := map[string]string{}
+	for i := range maxSysctls + 1 {
+		many[fmt.Sprintf("net.ipv4.conf.eth%d.forwarding", i)] = "0"
+	}
+	if err := ns.checkSysctls(many); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("checkSysctls of %d sysctls = %v, want an invalid argument", len(many), err)
 	}
 }
