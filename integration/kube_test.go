@@ -246,7 +246,7 @@ func (k *kubeCluster) testBadInput(t *testing.T) {
 			p := vmPod("meshed", imageKernelWait)
 			init := corev1.Container{
 				Name: "mesh-init", Image: iptablesImage, ImagePullPolicy: corev1.PullNever,
-				Command: []string{"iptables-nft", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15006"},
+				Command:         []string{"iptables-nft", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15006"},
 				SecurityContext: &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN", "NET_RAW"}}},
 			}
 			p.Spec.InitContainers = []corev1.Container{init}
