@@ -147,6 +147,9 @@ func BuildArgs(s Spec) ([]string, error) {
 	if s.Paused {
 		args = append(args, "-S")
 	}
+	if s.Incoming {
+		args = append(args, "-incoming", "defer")
+	}
 	// -kernel, -initrd and -append take their value verbatim, not as an
 	// option list, so commas are not doubled there.
 	if s.Kernel != "" {

@@ -134,6 +134,7 @@ type Spec struct {
 	ConsoleFD   int    // fd number (as QEMU sees it) of a connected unix stream socket for the first serial port; 0 = no console
 	Sandbox     bool   // -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny
 	Paused      bool   // -S: start with vCPUs stopped (containerd create → start)
+	Incoming    bool   // -incoming defer: the VM's state is loaded (Client.LoadState), not booted
 	AgentSocket string // unix socket path the shim dials for the guest agent's virtio-serial port; "" = none
 	AgentFD     int    // fd number of the agent socket, listening; 0 = QEMU listens on AgentSocket itself
 	Shares      []Share
