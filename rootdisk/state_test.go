@@ -1,0 +1,204 @@
+package rootdisk
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// testStateInfo is what a small VM's save records.
+func testStateInfo() StateInfo {
+	return StateInfo{QEMU: "7.2.0", Machine: "q35", Firmware: "bios", VCPUs: 1, MemoryMiB: 256,
+		MACs: []string{"02:00:00:00:00:01"}, Saved: time.Date(2026, 11, 29, 3, 0, 0, 0, time.UTC)}
+}
+
+// saveTestState writes a state with stream as QEMU's part on the volume
+// in dir, whose disk is disk.
+func saveTestState(t *testing.T, dir string, disk *os.File, stream []byte) StateInfo {
+	t.Helper()
+	s, err := CreateState(dir, "/vol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.File.Write(stream); err != nil {
+		t.Fatal(err)
+	}
+	info := testStateInfo()
+	if err := s.Commit(info, disk); err != nil {
+		t.Fatal(err)
+	}
+	info.Disk, _ = stampOf(disk)
+	return info
+}
+
+func testDisk(t *testing.T, dir string) *os.File {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(dir, DiskName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if _, err := f.WriteString("qcow2 stand-in"); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestStateRoundTrip: a state saved is found with what it was saved
+// from and its stream, goes with the disk it left, and once taken is
+// found no more.
+func TestStateRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	disk := testDisk(t, dir)
+	stream := bytes.Repeat([]byte("QEVM"), 5000)
+	want := saveTestState(t, dir, disk, stream)
+	if _, err := os.Stat(filepath.Join(dir, stateTemp)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the temporary state is left: %v", err)
+	}
+	s, err := OpenState(dir, "/vol")
+	if err != nil || s == nil {
+		t.Fatalf("OpenState: %v, %v", s, err)
+	}
+	defer s.Close()
+	if !reflect.DeepEqual(s.Info, want) {
+		t.Errorf("info %+v, want %+v", s.Info, want)
+	}
+	got, err := io.ReadAll(s.File)
+	if err != nil || !bytes.Equal(got, stream) {
+		t.Fatalf("stream of %d bytes (%v), want %d", len(got), err, len(stream))
+	}
+	if err := s.CheckDisk(disk); err != nil {
+		t.Errorf("CheckDisk of the disk it left: %v", err)
+	}
+	if err := s.Take(); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := OpenState(dir, "/vol"); err != nil || again != nil {
+		t.Errorf("OpenState after Take: %v, %v; want none", again, err)
+	}
+}
+
+// TestStateDiskChanged: a disk written after the save does not go with
+// the state.
+func TestStateDiskChanged(t *testing.T) {
+	dir := t.TempDir()
+	disk := testDisk(t, dir)
+	saveTestState(t, dir, disk, []byte("stream"))
+	time.Sleep(10 * time.Millisecond)
+	if _, err := disk.WriteAt([]byte("booted since"), 0); err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenState(dir, "/vol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	err = s.CheckDisk(disk)
+	if err == nil || !strings.Contains(err.Error(), "changed after the save") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("CheckDisk of a changed disk: %v", err)
+	}
+}
+
+// TestStateAbortAndCrash: an aborted save leaves nothing; one a crash
+// cut short (the temporary file) is never found, and is removed.
+func TestStateAbortAndCrash(t *testing.T) {
+	dir := t.TempDir()
+	s, err := CreateState(dir, "/vol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Abort()
+	if names := dirNames(t, dir); len(names) != 0 {
+		t.Errorf("after Abort the volume holds %q", names)
+	}
+	s, err = CreateState(dir, "/vol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.File.Write([]byte("half a stream")); err != nil {
+		t.Fatal(err)
+	}
+	s.File.Close() // the shim dies here
+	if got, err := OpenState(dir, "/vol"); err != nil || got != nil {
+		t.Errorf("OpenState of a save cut short: %v, %v; want none", got, err)
+	}
+	if names := dirNames(t, dir); len(names) != 0 {
+		t.Errorf("the cut-off save is left: %q", names)
+	}
+}
+
+// TestStateHostile: what another pod on the volume can put there is
+// refused in one line, and a special file is never opened.
+func TestStateHostile(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		plant func(t *testing.T, path string)
+		want  string
+	}{
+		{"garbage", func(t *testing.T, p string) { write(t, p, []byte("not a state")) }, "cut short"},
+		{"wrong magic", func(t *testing.T, p string) { write(t, p, bytes.Repeat([]byte{'x'}, stateHeaderSize+10)) }, "not a vmshim state"},
+		{"huge header length", func(t *testing.T, p string) {
+			b := append([]byte(stateMagic), 0xff, 0xff, 0xff, 0xff)
+			write(t, p, append(b, make([]byte, stateHeaderSize)...))
+		}, "header of"},
+		{"no vcpus", func(t *testing.T, p string) {
+			info := testStateInfo()
+			info.VCPUs = 0
+			h, err := stateHeader(info)
+			if err != nil {
+				t.Fatal(err)
+			}
+			write(t, p, h)
+		}, "0 vCPUs"},
+		{"symlink", func(t *testing.T, p string) {
+			if err := os.Symlink("/etc/shadow", p); err != nil {
+				t.Fatal(err)
+			}
+		}, StateName},
+		{"fifo", func(t *testing.T, p string) {
+			if err := syscall.Mkfifo(p, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, StateName},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			tc.plant(t, filepath.Join(dir, StateName))
+			s, err := OpenState(dir, "/vol")
+			if err == nil {
+				s.Close()
+				t.Fatal("a planted state opened")
+			}
+			if !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("error %q: want one line naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func write(t *testing.T, p string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func dirNames(t *testing.T, dir string) []string {
+	t.Helper()
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range es {
+		out = append(out, e.Name())
+	}
+	return out
+}
