@@ -128,6 +128,10 @@ type Config struct {
 	// steers traffic through a proxy with netfilter rules, when
 	// vmshim.io/mesh does not say: MeshRefuse or MeshBypass.
 	Mesh string `toml:"mesh"`
+	// OnStop is what a stop does to a VM when vmshim.io/on-stop does not
+	// say: OnStopPoweroff or OnStopSuspend (which a VM without a
+	// root-disk volume does not follow: it powers off).
+	OnStop string `toml:"on_stop"`
 	// QEMUUser was the one user every QEMU ran as; each VM now has its
 	// own (Jail). Kept only to name it when a config still sets it.
 	QEMUUser string `toml:"qemu_user"`
@@ -175,6 +179,7 @@ func Default() Config {
 		UEFISecureCode:        "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd",
 		UEFISecureVars:        "/usr/share/OVMF/OVMF_VARS_4M.ms.fd",
 		Mesh:                  MeshRefuse,
+		OnStop:                OnStopPoweroff,
 	}
 }
 
@@ -305,6 +310,9 @@ func (c Config) validate() error {
 	}
 	if !validDiskDriver(c.DiskDriver) {
 		add("disk_driver", "%q is not one of virtio-blk, virtio-scsi, nvme, sata, ide", c.DiskDriver)
+	}
+	if !oneOf(c.OnStop, OnStopPoweroff, OnStopSuspend) {
+		add("on_stop", "%q is not one of %s, %s", c.OnStop, OnStopPoweroff, OnStopSuspend)
 	}
 	if !oneOf(c.Mesh, MeshRefuse, MeshBypass) {
 		add("mesh", "%q is not one of %s, %s", c.Mesh, MeshRefuse, MeshBypass)

@@ -52,6 +52,18 @@ func TestResolveDisks(t *testing.T) {
 				t.Errorf("url %q sum %q", vm.DiskURL, vm.DiskSHA256)
 			}
 		}},
+		{name: "suspend on stop", ann: map[string]string{AnnotationRootDiskVolume: "/data", AnnotationOnStop: "suspend"}, check: func(t *testing.T, vm *VM) {
+			if !vm.Suspend {
+				t.Errorf("vmshim.io/on-stop suspend with a volume: Suspend is false")
+			}
+		}},
+		{name: "poweroff on stop", ann: map[string]string{AnnotationRootDiskVolume: "/data", AnnotationOnStop: "poweroff"}, check: func(t *testing.T, vm *VM) {
+			if vm.Suspend {
+				t.Errorf("vmshim.io/on-stop poweroff: Suspend is true")
+			}
+		}},
+		{name: "suspend without a volume", ann: map[string]string{AnnotationOnStop: "suspend"}, wantErr: "vmshim.io/on-stop: suspend needs vmshim.io/root-disk-volume"},
+		{name: "bad on-stop", ann: map[string]string{AnnotationOnStop: "hibernate"}, wantErr: `"hibernate" is not one of poweroff, suspend`},
 		{name: "unknown volume", ann: map[string]string{AnnotationRootDiskVolume: "/nope"}, wantErr: "annotation vmshim.io/root-disk-volume: /nope is neither a volume mounted in the container nor one of its block devices"},
 		{name: "read-only volume", ann: map[string]string{AnnotationRootDiskVolume: "/ro"}, wantErr: "the volume at /ro is mounted read-only"},
 		{name: "tmpfs", ann: map[string]string{AnnotationRootDiskVolume: "/tmp"}, wantErr: "the mount at /tmp is a tmpfs mount"},
@@ -84,5 +96,28 @@ func TestResolveDisks(t *testing.T) {
 			}
 			tc.check(t, vm)
 		})
+	}
+}
+
+// TestResolveOnStopDefault: the config's on_stop suspend applies to a VM
+// with a root-disk volume, and leaves one without a volume powering off.
+func TestResolveOnStopDefault(t *testing.T) {
+	cfg := Default()
+	cfg.OnStop = OnStopSuspend
+	for _, tc := range []struct {
+		ann  map[string]string
+		want bool
+	}{
+		{map[string]string{AnnotationRootDiskVolume: "/data"}, true},
+		{nil, false},
+		{map[string]string{AnnotationRootDiskVolume: "/data", AnnotationOnStop: "poweroff"}, false},
+	} {
+		vm, err := Resolve(cfg, "c1", diskSpec(tc.ann))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if vm.Suspend != tc.want {
+			t.Errorf("annotations %v: Suspend %v, want %v", tc.ann, vm.Suspend, tc.want)
+		}
 	}
 }

@@ -28,6 +28,10 @@ const (
 	// a service mesh's init container installs them, which the VM's
 	// traffic bypasses: MeshRefuse or MeshBypass.
 	AnnotationMesh = AnnotationPrefix + "mesh"
+	// AnnotationOnStop says what a stop (SIGTERM, SIGINT, SIGPWR) does
+	// to the VM: OnStopPoweroff or, with a root-disk volume,
+	// OnStopSuspend.
+	AnnotationOnStop = AnnotationPrefix + "on-stop"
 )
 
 // LabelFirmware is the image label that picks the firmware, as
@@ -76,6 +80,15 @@ const (
 	MeshBypass = "bypass"
 )
 
+// What a stop does to the VM (AnnotationOnStop).
+const (
+	// OnStopPoweroff presses the ACPI power button.
+	OnStopPoweroff = "poweroff"
+	// OnStopSuspend saves the VM's state onto its root-disk volume, for
+	// the next container on the volume to resume.
+	OnStopSuspend = "suspend"
+)
+
 // Guest OSes.
 const (
 	OSLinux   = "linux"
@@ -84,7 +97,7 @@ const (
 
 // guestAnnotations are the parsed annotations of this file; "" is unset.
 type guestAnnotations struct {
-	firmware, graphics, nicModel, os, machine, mesh string
+	firmware, graphics, nicModel, os, machine, mesh, onStop string
 }
 
 // parseGuestAnnotations reads the annotations that fit the VM to its guest.
@@ -101,6 +114,7 @@ func parseGuestAnnotations(in map[string]string) (guestAnnotations, error) {
 		{AnnotationOS, &g.os, []string{OSLinux, OSWindows}},
 		{AnnotationMachine, &g.machine, []string{MachineQ35, MachineMicroVM}},
 		{AnnotationMesh, &g.mesh, []string{MeshRefuse, MeshBypass}},
+		{AnnotationOnStop, &g.onStop, []string{OnStopPoweroff, OnStopSuspend}},
 	} {
 		v, ok := in[a.key]
 		if !ok {

@@ -37,6 +37,10 @@ type VM struct {
 	Windows  bool   // vmshim.io/os windows
 	Machine  string // vmshim.io/machine: MachineMicroVM, or "" (or MachineQ35) for q35
 	Mesh     string // vmshim.io/mesh, else the config's mesh: MeshRefuse or MeshBypass
+	// Suspend saves the VM onto its root-disk volume at a stop, instead
+	// of the power button: vmshim.io/on-stop suspend, or the config's
+	// on_stop for a VM with a root-disk volume.
+	Suspend bool
 
 	Resources Resources
 }
@@ -105,6 +109,14 @@ func Resolve(cfg Config, id string, spec *specs.Spec) (*VM, error) {
 		if ann.rootDiskPolicy != "" {
 			vm.RootDiskPolicy = ann.rootDiskPolicy
 		}
+	}
+	switch {
+	case ann.guest.onStop == OnStopSuspend && vm.RootVolume == nil:
+		return nil, annotationErr(AnnotationOnStop, "%s needs %s: the state is saved beside the root disk", OnStopSuspend, AnnotationRootDiskVolume)
+	case ann.guest.onStop != "":
+		vm.Suspend = ann.guest.onStop == OnStopSuspend
+	default:
+		vm.Suspend = cfg.OnStop == OnStopSuspend && vm.RootVolume != nil
 	}
 	return vm, nil
 }
