@@ -63,6 +63,7 @@ func TestResolveDisks(t *testing.T) {
 			}
 		}},
 		{name: "suspend without a volume", ann: map[string]string{AnnotationOnStop: "suspend"}, wantErr: "vmshim.io/on-stop: suspend needs vmshim.io/root-disk-volume"},
+		{name: "suspend on a block volume", ann: map[string]string{AnnotationRootDiskVolume: "/dev/xvdb", AnnotationOnStop: "suspend"}, wantErr: "needs a filesystem volume"},
 		{name: "bad on-stop", ann: map[string]string{AnnotationOnStop: "hibernate"}, wantErr: `"hibernate" is not one of poweroff, suspend`},
 		{name: "unknown volume", ann: map[string]string{AnnotationRootDiskVolume: "/nope"}, wantErr: "annotation vmshim.io/root-disk-volume: /nope is neither a volume mounted in the container nor one of its block devices"},
 		{name: "read-only volume", ann: map[string]string{AnnotationRootDiskVolume: "/ro"}, wantErr: "the volume at /ro is mounted read-only"},

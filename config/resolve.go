@@ -113,10 +113,12 @@ func Resolve(cfg Config, id string, spec *specs.Spec) (*VM, error) {
 	switch {
 	case ann.guest.onStop == OnStopSuspend && vm.RootVolume == nil:
 		return nil, annotationErr(AnnotationOnStop, "%s needs %s: the state is saved beside the root disk", OnStopSuspend, AnnotationRootDiskVolume)
+	case ann.guest.onStop == OnStopSuspend && vm.RootVolume.Block:
+		return nil, annotationErr(AnnotationOnStop, "%s needs a filesystem volume for %s, and %s is a block device", OnStopSuspend, AnnotationRootDiskVolume, vm.RootVolume.Path)
 	case ann.guest.onStop != "":
 		vm.Suspend = ann.guest.onStop == OnStopSuspend
 	default:
-		vm.Suspend = cfg.OnStop == OnStopSuspend && vm.RootVolume != nil
+		vm.Suspend = cfg.OnStop == OnStopSuspend && vm.RootVolume != nil && !vm.RootVolume.Block
 	}
 	return vm, nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/vmshim/vmshim/jail"
 	"github.com/vmshim/vmshim/network"
 	"github.com/vmshim/vmshim/qemu"
+	"github.com/vmshim/vmshim/rootdisk"
 	"github.com/vmshim/vmshim/topology"
 )
 
@@ -56,9 +57,11 @@ type build struct {
 	j        *jail.Jail     // nil when config jail is off
 	vfio     []hostdev.Node // the VFIO group nodes QEMU opens
 	vm       *qemuVM
-	fetched  *fetched        // the disk fetched by URL, if any
-	vnc      *vncServer      // with vmshim.io/graphics vnc
-	layout   topology.Layout // the vCPUs on the container's cpuset, if it has one
+	fetched  *fetched             // the disk fetched by URL, if any
+	vnc      *vncServer           // with vmshim.io/graphics vnc
+	layout   topology.Layout      // the vCPUs on the container's cpuset, if it has one
+	rootDisk *os.File             // the root disk kept on a filesystem volume, claimed
+	saved    *rootdisk.SavedState // the state a suspend left on that volume, to resume
 
 	qs    qemu.Spec
 	fds   qemu.FDSet
@@ -100,6 +103,9 @@ func (c *build) closeFiles() {
 	}
 	if c.filesDir != nil {
 		c.filesDir.Close()
+	}
+	if c.saved != nil {
+		c.saved.Close()
 	}
 }
 

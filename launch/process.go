@@ -35,6 +35,9 @@ func (c *build) qemu(ctx context.Context) (err error) {
 		return fmt.Errorf("annotation %s: %s boots a kernel directly, and the image boots a disk: %w",
 			config.AnnotationMachine, config.MachineMicroVM, errdefs.ErrInvalidArgument)
 	}
+	if err := c.incoming(); err != nil {
+		return err
+	}
 	c.qs.QMPSocket = filepath.Join(c.rec.RuntimeDir, "qmp.sock")
 	// Exec runs through qemu-guest-agent; a guest without one simply
 	// never opens the port.
@@ -85,7 +88,11 @@ func (c *build) qemu(ctx context.Context) (err error) {
 		stderr.Close()
 		return err // the rollback stops QEMU
 	}
-	c.vm = &qemuVM{proc: vm, limits: c.limits, console: c.console, rec: c.rec, stderr: stderr, hooks: c.hooks, oom: c.watchOOM()}
+	if err := c.loadState(bootCtx, vm); err != nil {
+		stderr.Close()
+		return err // the rollback stops QEMU
+	}
+	c.vm = &qemuVM{proc: vm, limits: c.limits, console: c.console, rec: c.rec, stderr: stderr, hooks: c.hooks, oom: c.watchOOM(), suspend: c.newSuspender()}
 	if c.vnc != nil {
 		c.vnc.vm.Store(vm)
 	}

@@ -27,6 +27,7 @@ type qemuVM struct {
 	hooks   *ociHooks
 	oom     *oom.Watcher // nil when the VM has no cgroup, or it could not be watched
 	resize  *resizer     // resizes the running VM; nil until it runs
+	suspend *suspender   // saves the VM at a stop; nil for one that powers off
 
 	closeOnce sync.Once // closes stderr and oom once
 }
@@ -40,8 +41,16 @@ func (v *qemuVM) Console() io.ReadWriteCloser { return v.console }
 // Start runs the vCPUs.
 func (v *qemuVM) Start(ctx context.Context) error { return v.proc.Start(ctx) }
 
-// Powerdown presses the ACPI power button.
-func (v *qemuVM) Powerdown(ctx context.Context) error { return v.proc.Powerdown(ctx) }
+// Powerdown presses the ACPI power button; a VM that suspends on stop
+// is saved onto its volume instead, in the background, and QEMU ends
+// once its state is whole.
+func (v *qemuVM) Powerdown(ctx context.Context) error {
+	if v.suspend != nil {
+		v.suspend.start(ctx, v.proc)
+		return nil
+	}
+	return v.proc.Powerdown(ctx)
+}
 
 // Kill stops QEMU at once.
 func (v *qemuVM) Kill() error { return v.proc.Kill() }

@@ -139,16 +139,26 @@ func CreateState(dir, name string) (_ *SavingState, retErr error) {
 	return &SavingState{File: f, v: v}, nil
 }
 
-// Commit writes info's header, with disk's stamp, flushes the state and
-// gives it its name. Call it once QEMU has written its stream and ended,
-// so that the disk is as the state left it.
-func (s *SavingState) Commit(info StateInfo, disk *os.File) error {
-	fail := func(err error) error {
+// Commit writes info's header, with the stamp of the volume's root disk,
+// flushes the state and gives it its name; it returns the state's size.
+// Call it once QEMU has written its stream and ended, so that the disk
+// is as the state leaves it.
+func (s *SavingState) Commit(info StateInfo) (int64, error) {
+	fail := func(err error) (int64, error) {
 		s.Abort()
-		return fmt.Errorf("root disk volume %s: save state: %w", s.v.name, err)
+		return 0, fmt.Errorf("root disk volume %s: save state: %w", s.v.name, err)
 	}
-	var err error
-	if info.Disk, err = stampOf(disk); err != nil {
+	disk, err := s.v.open(DiskName, unix.O_RDONLY)
+	if err != nil {
+		return fail(err)
+	}
+	info.Disk, err = stampOf(disk)
+	disk.Close()
+	if err != nil {
+		return fail(err)
+	}
+	size, err := s.File.Seek(0, io.SeekCurrent)
+	if err != nil {
 		return fail(err)
 	}
 	h, err := stateHeader(info)
@@ -169,7 +179,7 @@ func (s *SavingState) Commit(info StateInfo, disk *os.File) error {
 	}
 	s.File.Close()
 	s.v.dir.Close()
-	return nil
+	return size, nil
 }
 
 // Abort removes the state being written.

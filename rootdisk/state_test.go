@@ -31,8 +31,12 @@ func saveTestState(t *testing.T, dir string, disk *os.File, stream []byte) State
 		t.Fatal(err)
 	}
 	info := testStateInfo()
-	if err := s.Commit(info, disk); err != nil {
+	size, err := s.Commit(info)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if want := int64(stateHeaderSize + len(stream)); size != want {
+		t.Errorf("Commit's size %d, want %d", size, want)
 	}
 	info.Disk, _ = stampOf(disk)
 	return info

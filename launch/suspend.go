@@ -1,0 +1,217 @@
+package launch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/vmshim/vmshim/config"
+	"github.com/vmshim/vmshim/qemu"
+	"github.com/vmshim/vmshim/rootdisk"
+)
+
+// suspendBudget bounds a save at a stop: the kubelet's default grace
+// period is 30 s, and a save not done by then falls back to the power
+// button while the guest still has time to shut down.
+const suspendBudget = 20 * time.Second
+
+// stateShape is what a state saved from a VM of qs holds, and what a VM
+// that resumes it must be.
+func stateShape(qs *qemu.Spec, firmware string) rootdisk.StateInfo {
+	info := rootdisk.StateInfo{
+		Machine:   qs.Machine,
+		Firmware:  firmware,
+		VCPUs:     max(qs.CPUs, qs.PluggedCPUs),
+		MemoryMiB: qs.MemoryMiB,
+	}
+	if info.Machine == "" {
+		info.Machine = config.MachineQ35
+	}
+	for _, n := range qs.NICs {
+		info.MACs = append(info.MACs, n.MAC)
+	}
+	return info
+}
+
+// firmwareName names the firmware of qs, as the state records it.
+func firmwareName(qs *qemu.Spec) string {
+	switch {
+	case qs.Firmware == nil:
+		return config.FirmwareBIOS
+	case qs.Firmware.SecureBoot:
+		return config.FirmwareUEFISecure
+	}
+	return config.FirmwareUEFI
+}
+
+// stateDiffers names, in one line, what of now differs from the VM the
+// state saved was saved from; "" when nothing that a resume needs does.
+// The MACs may differ: the guest keeps the ones it had.
+func stateDiffers(saved, now rootdisk.StateInfo) string {
+	var d []string
+	if saved.Machine != now.Machine {
+		d = append(d, fmt.Sprintf("machine %s, not %s", now.Machine, saved.Machine))
+	}
+	if saved.Firmware != now.Firmware {
+		d = append(d, fmt.Sprintf("firmware %s, not %s", now.Firmware, saved.Firmware))
+	}
+	if saved.VCPUs != now.VCPUs {
+		d = append(d, fmt.Sprintf("%d vCPUs, not %d", now.VCPUs, saved.VCPUs))
+	}
+	if saved.MemoryMiB != now.MemoryMiB {
+		d = append(d, fmt.Sprintf("%d MiB of guest RAM, not %d", now.MemoryMiB, saved.MemoryMiB))
+	}
+	if len(saved.MACs) != len(now.MACs) {
+		d = append(d, fmt.Sprintf("%d NICs, not %d", len(now.MACs), len(saved.MACs)))
+	}
+	return strings.Join(d, ", ")
+}
+
+// openSavedState finds the state a suspend left on the VM's filesystem
+// root-disk volume, if any, and checks that it goes with the disk just
+// claimed (c.rootDisk). It is loaded once QEMU runs (loadState). A
+// state that does not go with the disk refuses the VM: booting would
+// change the disk, and the state with it would never be resumable.
+func (c *build) openSavedState() error {
+	v := c.desc.RootVolume
+	if v == nil || v.Block {
+		return nil
+	}
+	s, err := rootdisk.OpenState(v.HostDir, v.Path)
+	if err != nil || s == nil {
+		return err
+	}
+	c.saved = s // closed by closeFiles
+	return s.CheckDisk(c.rootDisk)
+}
+
+// incoming readies QEMU to load the saved state instead of booting,
+// refusing a VM that differs from the one the state was saved from.
+func (c *build) incoming() error {
+	if c.saved == nil {
+		return nil
+	}
+	now := stateShape(&c.qs, firmwareName(&c.qs))
+	if d := stateDiffers(c.saved.Info, now); d != "" {
+		return fmt.Errorf("root disk volume %s holds a state saved %s from another VM: this one has %s: %w",
+			c.desc.RootVolume.Path, c.saved.Info.Saved.Format(time.RFC3339), d, errdefs.ErrFailedPrecondition)
+	}
+	c.qs.Incoming = true
+	return nil
+}
+
+// loadState loads the saved state into the QEMU just started, and takes
+// it off the volume before the guest runs: it is resumed once.
+func (c *build) loadState(ctx context.Context, vm *qemu.VM) error {
+	if c.saved == nil {
+		return nil
+	}
+	start := time.Now()
+	if _, err := vm.QMP().LoadState(ctx, c.saved.File); err != nil {
+		return fmt.Errorf("root disk volume %s: resume the saved state: %w", c.desc.RootVolume.Path, err)
+	}
+	if err := c.saved.Take(); err != nil {
+		return err
+	}
+	c.log(fmt.Sprintf("vmshim: resumed the state saved on volume %s at %s, in %.1f s", c.desc.RootVolume.Path,
+		c.saved.Info.Saved.Format(time.RFC3339), time.Since(start).Seconds()))
+	return nil
+}
+
+// suspender saves a running VM onto its root-disk volume at a stop.
+type suspender struct {
+	vol   *config.RootVolume
+	shape rootdisk.StateInfo
+	log   func(string)
+
+	once sync.Once
+}
+
+// newSuspender is the suspender of a VM that suspends on stop, nil for
+// one that powers off.
+func (c *build) newSuspender() *suspender {
+	if !c.desc.Suspend || c.desc.RootVolume == nil || c.desc.RootVolume.Block {
+		return nil
+	}
+	return &suspender{vol: c.desc.RootVolume, shape: stateShape(&c.qs, firmwareName(&c.qs)), log: c.log}
+}
+
+// start saves the VM in the background, once: the stop returns at once,
+// and QEMU ends when the state is whole, or the guest powers off when it
+// cannot be saved.
+func (s *suspender) start(ctx context.Context, vm *qemu.VM) {
+	s.once.Do(func() {
+		ctx := context.WithoutCancel(ctx)
+		go s.run(ctx, vm)
+	})
+}
+
+func (s *suspender) run(ctx context.Context, vm *qemu.VM) {
+	logger := log.G(ctx).WithField("volume", s.vol.Path)
+	start := time.Now()
+	size, err := s.save(ctx, vm)
+	if err == nil {
+		s.log(fmt.Sprintf("vmshim: suspended: %.1f MiB written to volume %s in %.1f s", float64(size)/(1<<20), s.vol.Path, time.Since(start).Seconds()))
+		logger.WithField("bytes", size).Info("vm suspended")
+		return
+	}
+	select {
+	case <-vm.Done():
+		logger.WithError(err).Warn("the vm ended while it was saved; nothing resumable is left")
+		return
+	default:
+	}
+	s.log(fmt.Sprintf("vmshim: suspend failed, nothing is left on volume %s: %v; pressing the power button", s.vol.Path, err))
+	logger.WithError(err).Warn("suspend failed; powering down")
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := vm.Resume(cctx); err != nil {
+		logger.WithError(err).Warn("cont after a failed suspend")
+	}
+	if err := vm.Powerdown(cctx); err != nil {
+		logger.WithError(err).Warn("power button after a failed suspend")
+	}
+}
+
+// save stops the vCPUs, writes the state and ends QEMU.
+func (s *suspender) save(ctx context.Context, vm *qemu.VM) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, suspendBudget)
+	defer cancel()
+	var version struct {
+		QEMU struct{ Major, Minor, Micro int } `json:"qemu"`
+	}
+	if err := vm.QMP().Execute(ctx, "query-version", nil, &version); err != nil {
+		return 0, err
+	}
+	if err := vm.Pause(ctx); err != nil {
+		return 0, err
+	}
+	st, err := rootdisk.CreateState(s.vol.HostDir, s.vol.Path)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := vm.QMP().SaveState(ctx, st.File); err != nil {
+		st.Abort()
+		return 0, err
+	}
+	if err := vm.QMP().Quit(ctx); err != nil {
+		st.Abort()
+		return 0, err
+	}
+	select {
+	case <-vm.Done():
+	case <-ctx.Done():
+		st.Abort()
+		return 0, errors.New("qemu did not end after the save")
+	}
+	info := s.shape
+	info.QEMU = fmt.Sprintf("%d.%d.%d", version.QEMU.Major, version.QEMU.Minor, version.QEMU.Micro)
+	info.Saved = time.Now().UTC()
+	return st.Commit(info)
+}
