@@ -2,7 +2,6 @@ package launch
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -157,8 +156,16 @@ func (s *suspender) run(ctx context.Context, vm *qemu.VM) {
 	start := time.Now()
 	size, err := s.save(ctx, vm)
 	if err == nil {
+		// Said before QEMU ends, while the container's log still takes
+		// lines.
 		s.log(fmt.Sprintf("vmshim: suspended: %.1f MiB written to volume %s in %.1f s", float64(size)/(1<<20), s.vol.Path, time.Since(start).Seconds()))
 		logger.WithField("bytes", size).Info("vm suspended")
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := vm.QMP().Quit(qctx); err != nil {
+			logger.WithError(err).Warn("quit after the save; killing qemu")
+			_ = vm.Kill()
+		}
 		return
 	}
 	select {
@@ -179,7 +186,8 @@ func (s *suspender) run(ctx context.Context, vm *qemu.VM) {
 	}
 }
 
-// save stops the vCPUs, writes the state and ends QEMU.
+// save stops the vCPUs and writes the state; QEMU, its vCPUs stopped
+// for good ("postmigrate"), is for the caller to end.
 func (s *suspender) save(ctx context.Context, vm *qemu.VM) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, suspendBudget)
 	defer cancel()
@@ -200,16 +208,9 @@ func (s *suspender) save(ctx context.Context, vm *qemu.VM) (int64, error) {
 		st.Abort()
 		return 0, err
 	}
-	if err := vm.QMP().Quit(ctx); err != nil {
-		st.Abort()
-		return 0, err
-	}
-	select {
-	case <-vm.Done():
-	case <-ctx.Done():
-		st.Abort()
-		return 0, errors.New("qemu did not end after the save")
-	}
+	// QEMU writes the disks no more once the save is complete (it has
+	// flushed and let go of them), so the disk's stamp is the one the
+	// state goes with; the state is committed before QEMU ends.
 	info := s.shape
 	info.QEMU = fmt.Sprintf("%d.%d.%d", version.QEMU.Major, version.QEMU.Minor, version.QEMU.Micro)
 	info.Saved = time.Now().UTC()
