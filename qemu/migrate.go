@@ -32,20 +32,13 @@ type MigrationInfo struct {
 // stays stopped ("postmigrate"), for Quit. When ctx ends first, the save
 // is cancelled and what f holds is not a state.
 func (c *Client) SaveState(ctx context.Context, f *os.File) (MigrationInfo, error) {
-	if err := c.SendFD(ctx, stateFD, f); err != nil {
-		return MigrationInfo{}, fmt.Errorf("save state: %w", err)
+	info, err := c.migrateFD(ctx, "migrate", f)
+	if err != nil && ctx.Err() != nil {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = c.Execute(cctx, "migrate_cancel", nil, nil)
 	}
-	if err := c.Execute(ctx, "migrate", map[string]string{"uri": "fd:" + stateFD}, nil); err != nil {
-		c.closeFD(stateFD)
-		return MigrationInfo{}, fmt.Errorf("save state: %w", err)
-	}
-	info, err := c.waitMigration(ctx)
 	if err != nil {
-		if ctx.Err() != nil {
-			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = c.Execute(cctx, "migrate_cancel", nil, nil)
-		}
 		return info, fmt.Errorf("save state: %w", err)
 	}
 	return info, nil
@@ -55,18 +48,24 @@ func (c *Client) SaveState(ctx context.Context, f *os.File) (MigrationInfo, erro
 // into a VM QEMU started with Incoming. It returns once the state is
 // loaded; the VM is then paused, for Cont.
 func (c *Client) LoadState(ctx context.Context, f *os.File) (MigrationInfo, error) {
-	if err := c.SendFD(ctx, stateFD, f); err != nil {
-		return MigrationInfo{}, fmt.Errorf("load state: %w", err)
-	}
-	if err := c.Execute(ctx, "migrate-incoming", map[string]string{"uri": "fd:" + stateFD}, nil); err != nil {
-		c.closeFD(stateFD)
-		return MigrationInfo{}, fmt.Errorf("load state: %w", err)
-	}
-	info, err := c.waitMigration(ctx)
+	info, err := c.migrateFD(ctx, "migrate-incoming", f)
 	if err != nil {
 		return info, fmt.Errorf("load state: %w", err)
 	}
 	return info, nil
+}
+
+// migrateFD passes f to QEMU and runs cmd (migrate or migrate-incoming)
+// on it, until the migration ends.
+func (c *Client) migrateFD(ctx context.Context, cmd string, f *os.File) (MigrationInfo, error) {
+	if err := c.SendFD(ctx, stateFD, f); err != nil {
+		return MigrationInfo{}, err
+	}
+	if err := c.Execute(ctx, cmd, map[string]string{"uri": "fd:" + stateFD}, nil); err != nil {
+		c.closeFD(stateFD)
+		return MigrationInfo{}, err
+	}
+	return c.waitMigration(ctx)
 }
 
 // closeFD drops an fd passed with SendFD that no command took.

@@ -105,6 +105,17 @@ func stateHeader(info StateInfo) ([]byte, error) {
 	return b, nil
 }
 
+// stateVolume opens the filesystem volume in dir for its state, and
+// removes a state a crash cut short: it is never resumed.
+func stateVolume(dir, name string) (volume, error) {
+	d, err := os.OpenFile(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return volume{}, fmt.Errorf("root disk volume %s: %w", name, err)
+	}
+	_ = unix.Unlinkat(int(d.Fd()), stateTemp, 0)
+	return volume{dir: d, name: name}, nil
+}
+
 // SavingState is a state being written on a volume.
 type SavingState struct {
 	// File is where QEMU writes its stream, positioned after the header.
@@ -116,17 +127,16 @@ type SavingState struct {
 // the volume as the container sees it): stateTemp, made anew, its header
 // block reserved. Call it with the root disk claimed.
 func CreateState(dir, name string) (_ *SavingState, retErr error) {
-	d, err := os.OpenFile(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	v, err := stateVolume(dir, name)
 	if err != nil {
-		return nil, fmt.Errorf("root disk volume %s: %w", name, err)
+		return nil, err
 	}
 	defer func() {
 		if retErr != nil {
-			d.Close()
+			v.dir.Close()
 		}
 	}()
-	v := volume{dir: d, name: name}
-	_ = unix.Unlinkat(int(d.Fd()), stateTemp, 0)
+	d := v.dir
 	f, err := v.open(stateTemp, unix.O_RDWR|unix.O_CREAT)
 	if err != nil {
 		return nil, err
@@ -202,17 +212,16 @@ type SavedState struct {
 // when there is none. A state cut short by a crash (stateTemp) is
 // removed. A state whose header does not parse is an error.
 func OpenState(dir, name string) (_ *SavedState, retErr error) {
-	d, err := os.OpenFile(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	v, err := stateVolume(dir, name)
 	if err != nil {
-		return nil, fmt.Errorf("root disk volume %s: %w", name, err)
+		return nil, err
 	}
 	defer func() {
 		if retErr != nil {
-			d.Close()
+			v.dir.Close()
 		}
 	}()
-	v := volume{dir: d, name: name}
-	_ = unix.Unlinkat(int(d.Fd()), stateTemp, 0)
+	d := v.dir
 	f, err := v.open(StateName, unix.O_RDONLY)
 	if errors.Is(err, os.ErrNotExist) {
 		d.Close()
