@@ -3,6 +3,7 @@ package integration
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"os"
@@ -32,10 +33,14 @@ func writeArchive(dst, ref string, files map[string][]byte) error {
 type layerEntry struct {
 	data []byte // a regular file's content
 	link string // a symlink's target; the entry is a symlink when set
+	mode int64  // a regular file's mode; 0 is 0o444
 }
 
 // layerFile makes a regular file entry.
 func layerFile(data []byte) layerEntry { return layerEntry{data: data} }
+
+// layerProgram makes an executable file entry.
+func layerProgram(data []byte) layerEntry { return layerEntry{data: data, mode: 0o755} }
 
 // layerLink makes a symlink entry.
 func layerLink(target string) layerEntry { return layerEntry{link: target} }
@@ -73,7 +78,7 @@ func writeLinkArchive(dst, ref string, entries map[string]layerEntry) (retErr er
 			check(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: n, Linkname: e.link, Mode: 0o777}))
 			continue
 		}
-		check(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: 0o444, Size: int64(len(e.data))}))
+		check(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: cmp.Or(e.mode, 0o444), Size: int64(len(e.data))}))
 		_, err := tw.Write(e.data)
 		check(err)
 	}

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"archive/tar"
 	"bufio"
 	"bytes"
 	"cmp"
@@ -637,24 +636,8 @@ func writeBusyboxArchive(dst, ref string) error {
 	if err != nil {
 		return err
 	}
-	files := map[string][]byte{"bin/busybox": busybox, "vm": []byte("#!/bin/busybox sh\nexec /bin/busybox sleep 2147483647\n")}
-	var layer bytes.Buffer
-	tw := tar.NewWriter(&layer)
-	for _, h := range []*tar.Header{
-		{Typeflag: tar.TypeDir, Name: "bin/", Mode: 0o755},
-		{Typeflag: tar.TypeReg, Name: "bin/busybox", Mode: 0o755},
-		{Typeflag: tar.TypeReg, Name: "vm", Mode: 0o755},
-	} {
-		h.Size = int64(len(files[h.Name]))
-		if err = tw.WriteHeader(h); err == nil {
-			_, err = tw.Write(files[h.Name])
-		}
-		if err != nil {
-			return err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	return writeLayerArchive(dst, ref, layer.Bytes())
+	return writeLinkArchive(dst, ref, map[string]layerEntry{
+		"bin/busybox": layerProgram(busybox),
+		"vm":          layerProgram([]byte("#!/bin/busybox sh\nexec /bin/busybox sleep 2147483647\n")),
+	})
 }

@@ -1,14 +1,11 @@
 package integration
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 
@@ -24,89 +21,44 @@ const iptablesImage = "localhost/vmshim-test/iptables:1"
 // libraries they load and their extensions) and imports it into ns.
 func importIptables(ctx context.Context, t *testing.T, ns string) {
 	t.Helper()
-	files := map[string]string{"bin/busybox": "/bin/busybox"}
-	links := map[string]string{}
+	files := []string{"/bin/busybox"}
 	for _, prog := range []string{"/usr/sbin/xtables-nft-multi", "/usr/sbin/xtables-legacy-multi"} {
-		files[prog[1:]] = prog
+		files = append(files, prog)
 		out, err := exec.Command("ldd", prog).Output()
 		if err != nil {
 			t.Skipf("ldd %s: %v (make setup installs Debian's iptables)", prog, err)
 		}
 		for _, f := range strings.Fields(string(out)) {
 			if strings.HasPrefix(f, "/") {
-				files[f[1:]] = f
+				files = append(files, f)
 			}
 		}
-	}
-	for _, cmd := range []string{"iptables", "ip6tables"} {
-		links["usr/sbin/"+cmd+"-nft"] = "xtables-nft-multi"
-		links["usr/sbin/"+cmd+"-legacy"] = "xtables-legacy-multi"
 	}
 	ext, err := filepath.Glob("/usr/lib/x86_64-linux-gnu/xtables/*.so")
 	if err != nil || len(ext) == 0 {
 		t.Skipf("no iptables extensions under /usr/lib/x86_64-linux-gnu/xtables: %v", err)
 	}
-	for _, f := range ext {
-		files[f[1:]] = f
+	// The node's files (symlinks followed), the programs' names, and
+	// the lock iptables takes in /run.
+	entries := map[string]layerEntry{"run/xtables.lock": layerFile(nil)}
+	for _, f := range append(files, ext...) {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries[f[1:]] = layerProgram(data)
+	}
+	for _, cmd := range []string{"iptables", "ip6tables"} {
+		entries["usr/sbin/"+cmd+"-nft"] = layerLink("xtables-nft-multi")
+		entries["usr/sbin/"+cmd+"-legacy"] = layerLink("xtables-legacy-multi")
 	}
 	archive := filepath.Join(t.TempDir(), "iptables.tar")
-	if err := writeHostFilesArchive(archive, iptablesImage, files, links); err != nil {
+	if err := writeLinkArchive(archive, iptablesImage, entries); err != nil {
 		t.Fatal(err)
 	}
 	if err := importArchives(ctx, env.daemon, ns, archive); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// writeHostFilesArchive writes an image archive named ref whose one
-// layer holds the node's files (image path: node path, symlinks
-// followed) and the symlinks links (image path: target), with the
-// directories they need and an empty /run.
-func writeHostFilesArchive(dst, ref string, files, links map[string]string) error {
-	var layer bytes.Buffer
-	tw := tar.NewWriter(&layer)
-	dirs := map[string]bool{"run": true}
-	for _, p := range append(keys(files), keys(links)...) {
-		for d := filepath.Dir(p); d != "."; d = filepath.Dir(d) {
-			dirs[d] = true
-		}
-	}
-	for _, d := range keys(dirs) {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755}); err != nil {
-			return err
-		}
-	}
-	for _, p := range keys(files) {
-		data, err := os.ReadFile(files[p])
-		if err != nil {
-			return err
-		}
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: p, Mode: 0o755, Size: int64(len(data))}); err != nil {
-			return err
-		}
-		if _, err := tw.Write(data); err != nil {
-			return err
-		}
-	}
-	for _, p := range keys(links) {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: p, Linkname: links[p], Mode: 0o777}); err != nil {
-			return err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	return writeLayerArchive(dst, ref, layer.Bytes())
-}
-
-// keys are m's keys, sorted (parents before their children).
-func keys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // TestMixedPodMesh: what a service mesh's injection does to a VM pod.
