@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"github.com/moby/sys/mountinfo"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -60,7 +61,6 @@ type build struct {
 	fetched  *fetched             // the disk fetched by URL, if any
 	vnc      *vncServer           // with vmshim.io/graphics vnc
 	layout   topology.Layout      // the vCPUs on the container's cpuset, if it has one
-	rootDisk *os.File             // the root disk kept on a filesystem volume, claimed
 	saved    *rootdisk.SavedState // the state a suspend left on that volume, to resume
 
 	qs    qemu.Spec
@@ -263,8 +263,15 @@ func releaseJailID(ctx context.Context, r *Record) error {
 }
 
 // unmountRootfs unmounts the rootfs the shim mounted, detaching it when a
-// plain unmount fails.
+// plain unmount fails. The one mount the shim made usually goes with one
+// umount(2); the recursive unmount, which reads the node's whole mount
+// table, runs only when that fails or leaves a mount there.
 func unmountRootfs(rootfs string) error {
+	if unix.Unmount(rootfs, 0) == nil {
+		if still, err := mountinfo.Mounted(rootfs); err == nil && !still {
+			return nil
+		}
+	}
 	if err := mount.UnmountRecursive(rootfs, 0); err != nil {
 		return mount.UnmountRecursive(rootfs, unix.MNT_DETACH)
 	}

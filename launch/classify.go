@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 
 	"github.com/containerd/containerd/v2/core/mount"
-	"golang.org/x/sys/unix"
 
 	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/image"
@@ -60,12 +59,6 @@ func holdsVM(r *Request) (_ bool, retErr error) {
 			return false, fmt.Errorf("mount rootfs: %w", err)
 		}
 		defer func() {
-			// The one mount just made goes with one umount(2); the
-			// recursive unmount, which reads the whole mount table,
-			// only when that fails.
-			if unix.Unmount(root, 0) == nil {
-				return
-			}
 			if err := unmountRootfs(root); err != nil {
 				retErr = errors.Join(retErr, fmt.Errorf("unmount rootfs: %w", err))
 			}
