@@ -85,12 +85,11 @@ func (c *build) keptDisk(ctx context.Context, info *image.Info) error {
 		return err
 	}
 	c.logger.WithField("volume", v.Path).WithField("made", d.Made).Info("root disk kept on a volume")
-	c.rootDisk = c.keep(d.File)
 	c.qs.Drives = append(c.qs.Drives, qemu.Drive{
-		ID: "root", Path: c.fdSet(c.rootDisk), Format: qemu.FormatQCOW2,
+		ID: "root", Path: c.fdSet(c.keep(d.File)), Format: qemu.FormatQCOW2,
 		Driver: c.desc.DiskDriver, BootIndex: 1,
 	})
-	return c.openSavedState()
+	return c.openSavedState(d.File)
 }
 
 // keptDiskOnDevice claims the block volume the root disk is kept on, by

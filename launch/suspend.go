@@ -3,6 +3,7 @@ package launch
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -22,10 +23,10 @@ const suspendBudget = 20 * time.Second
 
 // stateShape is what a state saved from a VM of qs holds, and what a VM
 // that resumes it must be.
-func stateShape(qs *qemu.Spec, firmware string) rootdisk.StateInfo {
+func stateShape(qs *qemu.Spec) rootdisk.StateInfo {
 	info := rootdisk.StateInfo{
 		Machine:   qs.Machine,
-		Firmware:  firmware,
+		Firmware:  firmwareName(qs),
 		VCPUs:     max(qs.CPUs, qs.PluggedCPUs),
 		MemoryMiB: qs.MemoryMiB,
 	}
@@ -74,10 +75,10 @@ func stateDiffers(saved, now rootdisk.StateInfo) string {
 
 // openSavedState finds the state a suspend left on the VM's filesystem
 // root-disk volume, if any, and checks that it goes with the disk just
-// claimed (c.rootDisk). It is loaded once QEMU runs (loadState). A
+// claimed (disk). It is loaded once QEMU runs (loadState). A
 // state that does not go with the disk refuses the VM: booting would
 // change the disk, and the state with it would never be resumable.
-func (c *build) openSavedState() error {
+func (c *build) openSavedState(disk *os.File) error {
 	v := c.desc.RootVolume
 	if v == nil || v.Block {
 		return nil
@@ -87,7 +88,7 @@ func (c *build) openSavedState() error {
 		return err
 	}
 	c.saved = s // closed by closeFiles
-	return s.CheckDisk(c.rootDisk)
+	return s.CheckDisk(disk)
 }
 
 // incoming readies QEMU to load the saved state instead of booting,
@@ -96,7 +97,7 @@ func (c *build) incoming() error {
 	if c.saved == nil {
 		return nil
 	}
-	now := stateShape(&c.qs, firmwareName(&c.qs))
+	now := stateShape(&c.qs)
 	if d := stateDiffers(c.saved.Info, now); d != "" {
 		return fmt.Errorf("root disk volume %s holds a state saved %s from another VM: this one has %s: %w",
 			c.desc.RootVolume.Path, c.saved.Info.Saved.Format(time.RFC3339), d, errdefs.ErrFailedPrecondition)
@@ -138,7 +139,7 @@ func (c *build) newSuspender() *suspender {
 	if !c.desc.Suspend || c.desc.RootVolume == nil || c.desc.RootVolume.Block {
 		return nil
 	}
-	return &suspender{vol: c.desc.RootVolume, shape: stateShape(&c.qs, firmwareName(&c.qs)), log: c.log}
+	return &suspender{vol: c.desc.RootVolume, shape: stateShape(&c.qs), log: c.log}
 }
 
 // start saves the VM in the background, once: the stop returns at once,
