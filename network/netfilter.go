@@ -104,23 +104,32 @@ func familyName(f nftables.TableFamily) string {
 }
 
 // xtTable is an x_tables table of one family, as iptables-legacy and
-// ip6tables-legacy see it.
+// ip6tables-legacy see it, and the built-in chains of it that steer.
 type xtTable struct {
-	cmd      string // the command that writes it, for messages
-	names    string // the netns's list of the family's tables in use
-	family   int
-	level    int // getsockopt level
-	name     string
-	hooks    []uint32
-	hookName []string
+	cmd    string // the command that writes it, for messages
+	names  string // the netns's list of the family's tables in use
+	family int
+	level  int // getsockopt level
+	name   string
+	chains []xtChain
 }
 
-var xtTables = []xtTable{
-	{"iptables-legacy", "ip_tables_names", unix.AF_INET, unix.SOL_IP, "nat", []uint32{unix.NF_INET_PRE_ROUTING, unix.NF_INET_LOCAL_OUT}, []string{"PREROUTING", "OUTPUT"}},
-	{"iptables-legacy", "ip_tables_names", unix.AF_INET, unix.SOL_IP, "mangle", []uint32{unix.NF_INET_PRE_ROUTING}, []string{"PREROUTING"}},
-	{"ip6tables-legacy", "ip6_tables_names", unix.AF_INET6, unix.SOL_IPV6, "nat", []uint32{unix.NF_INET_PRE_ROUTING, unix.NF_INET_LOCAL_OUT}, []string{"PREROUTING", "OUTPUT"}},
-	{"ip6tables-legacy", "ip6_tables_names", unix.AF_INET6, unix.SOL_IPV6, "mangle", []uint32{unix.NF_INET_PRE_ROUTING}, []string{"PREROUTING"}},
+// xtChain is a built-in chain: its hook, and its name.
+type xtChain struct {
+	hook uint32
+	name string
 }
+
+var (
+	natChains    = []xtChain{{unix.NF_INET_PRE_ROUTING, "PREROUTING"}, {unix.NF_INET_LOCAL_OUT, "OUTPUT"}}
+	mangleChains = []xtChain{{unix.NF_INET_PRE_ROUTING, "PREROUTING"}}
+	xtTables     = []xtTable{
+		{"iptables-legacy", "ip_tables_names", unix.AF_INET, unix.SOL_IP, "nat", natChains},
+		{"iptables-legacy", "ip_tables_names", unix.AF_INET, unix.SOL_IP, "mangle", mangleChains},
+		{"ip6tables-legacy", "ip6_tables_names", unix.AF_INET6, unix.SOL_IPV6, "nat", natChains},
+		{"ip6tables-legacy", "ip6_tables_names", unix.AF_INET6, unix.SOL_IPV6, "mangle", mangleChains},
+	}
+)
 
 // xtGetInfo is struct ipt_getinfo (and ip6t_getinfo, the same).
 type xtGetInfo struct {
@@ -154,9 +163,9 @@ func xtSteering() ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("netfilter rules: %s table %s: %w", tb.cmd, tb.name, err)
 		}
-		for i, h := range tb.hooks {
-			if info.ValidHooks&(1<<h) != 0 && info.HookEntry[h] != info.Underflow[h] {
-				found = append(found, fmt.Sprintf("%s table %s chain %s", tb.cmd, tb.name, tb.hookName[i]))
+		for _, ch := range tb.chains {
+			if info.ValidHooks&(1<<ch.hook) != 0 && info.HookEntry[ch.hook] != info.Underflow[ch.hook] {
+				found = append(found, fmt.Sprintf("%s table %s chain %s", tb.cmd, tb.name, ch.name))
 			}
 		}
 	}
