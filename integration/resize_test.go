@@ -104,6 +104,15 @@ func TestCRIResize(t *testing.T) {
 	}
 	memLimit := func() int64 { return p.cgroup.readInt(t, "memory", vm.id, "memory.limit_in_bytes") }
 	memTotal := func() int { return meminfo(t, vm.mustExec(ctx, t, "cat", "/proc/meminfo"), "MemTotal") }
+	// waitMemTotal returns the guest's MemTotal once it is want, or as it
+	// is after resizeSeen.
+	waitMemTotal := func(want int) int {
+		got := memTotal()
+		for deadline := time.Now().Add(resizeSeen); got != want && time.Now().Before(deadline); got = memTotal() {
+			time.Sleep(200 * time.Millisecond)
+		}
+		return got
+	}
 	// Each vCPU thread is pinned to one CPU of the cpuset, vCPU i to its
 	// i-th (round robin). Under TCG the VM has from boot the vCPUs a
 	// resize can reach (see docs/kubernetes.md): their threads are pinned
@@ -162,7 +171,9 @@ func TestCRIResize(t *testing.T) {
 	if err := vm.update(ctx, t, 1, 1<<30, "0-1"); err != nil {
 		t.Fatalf("update memory to 1Gi: %v", err)
 	}
-	grown := memTotal()
+	// QEMU counts a block as plugged when the guest's driver has taken
+	// it; the guest adds its pages to MemTotal a moment later.
+	grown := waitMemTotal(before + 512<<10)
 	t.Logf("MemTotal %d KiB at boot, %d KiB at 1Gi", before, grown)
 	if grown-before != 512<<10 {
 		t.Errorf("MemTotal grew by %d KiB, want %d", grown-before, 512<<10)
@@ -177,7 +188,7 @@ func TestCRIResize(t *testing.T) {
 	if err := vm.update(ctx, t, 1, bootMiB<<20, "0-1"); err != nil {
 		t.Fatalf("update memory back to 512Mi: %v", err)
 	}
-	if after := memTotal(); after != before {
+	if after := waitMemTotal(before); after != before {
 		t.Errorf("MemTotal %d KiB back at 512Mi, want %d", after, before)
 	}
 	if got := memLimit(); got != bootMiB<<20+memoryOverhead {
@@ -198,7 +209,7 @@ func TestCRIResize(t *testing.T) {
 			t.Errorf("update to %d cpus, %d MiB: %v, want %q", bad.cpus, bad.mem>>20, err, bad.want)
 		}
 	}
-	if after := memTotal(); after != before {
+	if after := waitMemTotal(before); after != before {
 		t.Errorf("MemTotal %d KiB after the refusals, want %d", after, before)
 	}
 	vm.waitGuest(ctx, t, "0", "cat", "/sys/devices/system/cpu/online")
