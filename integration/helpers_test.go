@@ -39,6 +39,7 @@ const (
 	imageKernelWait   = "localhost/vmshim-test/kernel:wait"
 	imageKernelOff    = "localhost/vmshim-test/kernel:poweroff"
 	imageKernelAgent  = "localhost/vmshim-test/kernel:agent" // runs qemu-guest-agent
+	imageDiskAgent    = "localhost/vmshim-test/disk:agent"   // runs qemu-guest-agent
 )
 
 // bootTimeout is generous: the guests boot under TCG on two cores.

@@ -120,7 +120,7 @@ func importImages(ctx context.Context, d *daemon, guestDir string) error {
 		return err
 	}
 	archives := []string{pause}
-	for _, a := range []string{"disk-wait.tar", "disk-poweroff.tar", "kernel-wait.tar", "kernel-poweroff.tar", "kernel-agent.tar", "disk-cloud.tar",
+	for _, a := range []string{"disk-wait.tar", "disk-poweroff.tar", "kernel-wait.tar", "kernel-poweroff.tar", "kernel-agent.tar", "disk-agent.tar", "disk-cloud.tar",
 		"disk-uefi.tar", "disk-uefi-secure.tar", "disk-uefi-unsigned.tar"} {
 		archives = append(archives, filepath.Join(guestDir, a))
 	}

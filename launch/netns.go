@@ -211,6 +211,9 @@ func (c *build) network(ctx context.Context) error {
 	if err := checkSteering(c.nsPath, c.desc.Mesh, c.logger); err != nil {
 		return err
 	}
+	if err := c.adoptMACs(); err != nil {
+		return err
+	}
 	opts := network.Options{Hostname: c.host, ResolvConf: podResolvConf(c.spec), Logger: c.logger}
 	if c.desc.VNC {
 		c.vnc = &vncServer{logger: c.logger}

@@ -88,11 +88,13 @@ func (c *build) qemu(ctx context.Context) (err error) {
 		stderr.Close()
 		return err // the rollback stops QEMU
 	}
-	if err := c.loadState(bootCtx, vm); err != nil {
+	relink, err := c.loadState(bootCtx, vm)
+	if err != nil {
 		stderr.Close()
 		return err // the rollback stops QEMU
 	}
-	c.vm = &qemuVM{proc: vm, limits: c.limits, console: c.console, rec: c.rec, stderr: stderr, hooks: c.hooks, oom: c.watchOOM(), suspend: c.newSuspender()}
+	c.vm = &qemuVM{proc: vm, limits: c.limits, console: c.console, rec: c.rec, stderr: stderr, hooks: c.hooks, oom: c.watchOOM(),
+		suspend: c.newSuspender(), relink: relink}
 	if c.vnc != nil {
 		c.vnc.vm.Store(vm)
 	}

@@ -28,6 +28,7 @@ type qemuVM struct {
 	oom     *oom.Watcher // nil when the VM has no cgroup, or it could not be watched
 	resize  *resizer     // resizes the running VM; nil until it runs
 	suspend *suspender   // saves the VM at a stop; nil for one that powers off
+	relink  *relinker    // brings a resumed guest's NICs back up; nil for a booted one
 
 	closeOnce sync.Once // closes stderr and oom once
 }
@@ -38,8 +39,14 @@ func (v *qemuVM) Pid() int { return v.proc.Pid() }
 // Console returns the shim's end of the guest's serial port.
 func (v *qemuVM) Console() io.ReadWriteCloser { return v.console }
 
-// Start runs the vCPUs.
-func (v *qemuVM) Start(ctx context.Context) error { return v.proc.Start(ctx) }
+// Start runs the vCPUs; a resumed guest's NICs come up a moment later.
+func (v *qemuVM) Start(ctx context.Context) error {
+	if err := v.proc.Start(ctx); err != nil {
+		return err
+	}
+	v.relink.start(ctx, v.proc)
+	return nil
+}
 
 // Powerdown presses the ACPI power button; a VM that suspends on stop
 // is saved onto its volume instead, in the background, and QEMU ends

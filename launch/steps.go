@@ -53,7 +53,9 @@ var steps = []step{
 	{"firmware", []product{rootDiskMade}, []product{firmwareOpen}, (*build).firmware},
 	{"host devices", []product{described}, []product{devicesOpen}, (*build).hostDevices},
 	{"shares", []product{described}, []product{sharesListed}, (*build).shares},
-	{"network", []product{netnsReady}, []product{nicsWired}, (*build).network},
+	// A resumed guest's NICs keep their MACs: the pod's interfaces take
+	// them before they are read (c.saved comes with the root disk).
+	{"network", []product{netnsReady, rootDiskMade}, []product{nicsWired}, (*build).network},
 	{"seed", []product{nicsWired, sharesListed, rootfsFound}, []product{seedWritten}, (*build).seed},
 	{"accelerator", []product{described}, []product{accelChosen}, (*build).accel},
 	{"jail", []product{recorded, accelChosen, sharesListed, devicesOpen}, []product{jailDescribed}, (*build).jail},

@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/vmshim/vmshim/config"
+	"github.com/vmshim/vmshim/network"
 	"github.com/vmshim/vmshim/qemu"
 	"github.com/vmshim/vmshim/rootdisk"
 )
@@ -106,22 +107,82 @@ func (c *build) incoming() error {
 	return nil
 }
 
-// loadState loads the saved state into the QEMU just started, and takes
-// it off the volume before the guest runs: it is resumed once.
-func (c *build) loadState(ctx context.Context, vm *qemu.VM) error {
-	if c.saved == nil {
+// adoptMACs gives the pod's interfaces the MACs of the guest a saved
+// state holds, before the network step reads them: the resumed guest's
+// NICs keep their MACs, and the taps and the responders must serve
+// those.
+func (c *build) adoptMACs() error {
+	if c.saved == nil || c.nsPath == "" {
 		return nil
+	}
+	if err := network.AdoptMACs(c.nsPath, c.saved.Info.MACs); err != nil {
+		return fmt.Errorf("root disk volume %s holds a saved state, and its NICs cannot join the pod's network: %w", c.desc.RootVolume.Path, err)
+	}
+	return nil
+}
+
+// loadState loads the saved state into the QEMU just started, and takes
+// it off the volume before the guest runs: it is resumed once. The
+// guest's NICs are taken down, to come back up once it runs (relinker),
+// so that it asks the new pod's network for its addresses.
+func (c *build) loadState(ctx context.Context, vm *qemu.VM) (*relinker, error) {
+	if c.saved == nil {
+		return nil, nil
 	}
 	start := time.Now()
 	if _, err := vm.QMP().LoadState(ctx, c.saved.File); err != nil {
-		return fmt.Errorf("root disk volume %s: resume the saved state: %w", c.desc.RootVolume.Path, err)
+		return nil, fmt.Errorf("root disk volume %s: resume the saved state: %w", c.desc.RootVolume.Path, err)
 	}
 	if err := c.saved.Take(); err != nil {
-		return err
+		return nil, err
+	}
+	r := &relinker{logger: c.logger}
+	for _, n := range c.qs.NICs {
+		if err := vm.QMP().SetLink(ctx, n.ID, false); err != nil {
+			return nil, fmt.Errorf("take the resumed guest's %s down: %w", n.ID, err)
+		}
+		r.nics = append(r.nics, n.ID)
 	}
 	c.log(fmt.Sprintf("vmshim: resumed the state saved on volume %s at %s, in %.1f s", c.desc.RootVolume.Path,
 		c.saved.Info.Saved.Format(time.RFC3339), time.Since(start).Seconds()))
-	return nil
+	return r, nil
+}
+
+// relinkDelay is how long a resumed guest runs with its NICs down before
+// they come up: long enough for its kernel to have seen the carrier go,
+// so that its network manager sees it come back and asks for addresses.
+const relinkDelay = time.Second
+
+// relinker brings a resumed guest's NICs up once it runs.
+type relinker struct {
+	nics   []string
+	logger *log.Entry
+	once   sync.Once
+}
+
+// start brings the NICs up relinkDelay from now, in the background. A
+// nil relinker does nothing.
+func (r *relinker) start(ctx context.Context, vm *qemu.VM) {
+	if r == nil {
+		return
+	}
+	r.once.Do(func() {
+		ctx := context.WithoutCancel(ctx)
+		go func() {
+			select {
+			case <-vm.Done():
+				return
+			case <-time.After(relinkDelay):
+			}
+			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			for _, id := range r.nics {
+				if err := vm.QMP().SetLink(ctx, id, true); err != nil {
+					r.logger.WithError(err).WithField("nic", id).Warn("bring the resumed guest's nic up")
+				}
+			}
+		}()
+	})
 }
 
 // suspender saves a running VM onto its root-disk volume at a stop.

@@ -96,3 +96,9 @@ func (c *Client) waitMigration(ctx context.Context) (MigrationInfo, error) {
 	})
 	return info, err
 }
+
+// SetLink sets the link of the guest NIC nicID (a Spec NIC's ID) up or
+// down, as a cable put back or pulled: the guest sees its carrier change.
+func (c *Client) SetLink(ctx context.Context, nicID string, up bool) error {
+	return c.Execute(ctx, "set_link", map[string]any{"name": NICDeviceID(nicID), "up": up}, nil)
+}

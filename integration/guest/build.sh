@@ -11,9 +11,9 @@
 # module, the virtio NIC
 # modules and the virtio-blk, virtio-scsi and NVMe disk modules; the agent
 # flavour boots like wait and also carries qemu-ga and util-linux's script, which
-# terminal execs run under), disk-{wait,poweroff}.qcow2
-# (BIOS-bootable disks: MBR, FAT16, syslinux) and five OCI archives made with
-# vmshim-pack: disk-{wait,poweroff}.tar and kernel-{wait,poweroff,agent}.tar.
+# terminal execs run under), disk-{wait,poweroff,agent}.qcow2
+# (BIOS-bootable disks: MBR, FAT16, syslinux) and six OCI archives made with
+# vmshim-pack: {disk,kernel}-{wait,poweroff,agent}.tar.
 #
 # The kernel is the linux-image-*-amd64 package that linux-image-amd64 depends
 # on; qemu-ga comes from the qemu-guest-agent package and the shared objects
@@ -349,14 +349,12 @@ main() {
 		build_initrd "$tree" "$flavour" "$WORK/initrd-$flavour.img" "$WORK/agent"
 		"$pack" --kernel "$WORK/vmlinux" --initrd "$WORK/initrd-$flavour.img" \
 			--ref "$REFS/kernel:$flavour" -o "$WORK/kernel-$flavour.tar"
-		# The agent flavour is for kernel boots only: no disk.
-		[ "$flavour" = agent ] && continue
 		build_disk "$WORK/vmlinuz" "$WORK/initrd-$flavour.img" "$WORK/disk-$flavour.qcow2"
 		"$pack" --disk "$WORK/disk-$flavour.qcow2" --ref "$REFS/disk:$flavour" -o "$WORK/disk-$flavour.tar"
 	done
 
-	for f in vmlinuz vmlinux initrd-{wait,poweroff,agent}.img disk-{wait,poweroff}.qcow2 \
-		{disk,kernel}-{wait,poweroff}.tar kernel-agent.tar; do
+	for f in vmlinuz vmlinux initrd-{wait,poweroff,agent}.img disk-{wait,poweroff,agent}.qcow2 \
+		{disk,kernel}-{wait,poweroff,agent}.tar; do
 		mv -f "$WORK/$f" "$out/$f"
 	done
 	echo "$stamp" >"$out/stamp"

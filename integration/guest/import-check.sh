@@ -111,20 +111,21 @@ check disk-poweroff.tar localhost/vmshim-test/disk:poweroff disk/disk.qcow2
 check kernel-wait.tar localhost/vmshim-test/kernel:wait boot/vmlinux boot/initrd.img
 check kernel-poweroff.tar localhost/vmshim-test/kernel:poweroff boot/vmlinux boot/initrd.img
 check kernel-agent.tar localhost/vmshim-test/kernel:agent boot/vmlinux boot/initrd.img
+check disk-agent.tar localhost/vmshim-test/disk:agent disk/disk.qcow2
 cmp "$OUT/disk-wait.qcow2" "$TMP/mnt-disk-wait/disk/disk.qcow2" || die "disk-wait: unpacked disk differs"
 cmp "$OUT/vmlinux" "$TMP/mnt-kernel-wait/boot/vmlinux" || die "kernel-wait: unpacked kernel differs"
 ctr images check >&2
 ctr snapshots ls >&2
-log "ok: 5 archives imported and unpacked by ctr"
+log "ok: 6 archives imported and unpacked by ctr"
 
 if [ -n "${NERDCTL:-}" ]; then
 	nerdctl() {
 		"$NERDCTL" --address "$SOCK" --namespace vmshim-check-nerdctl --data-root "$TMP/nerdctl" "$@"
 	}
-	for a in {disk,kernel}-{wait,poweroff}.tar kernel-agent.tar; do
+	for a in {disk,kernel}-{wait,poweroff,agent}.tar; do
 		nerdctl load -i "$OUT/$a" >&2
 	done
 	nerdctl images >&2
-	[ "$(nerdctl images -q | sort -u | wc -l)" -eq 5 ] || die "nerdctl lists $(nerdctl images -q | sort -u | wc -l) images, want 5"
-	log "ok: 5 archives loaded by nerdctl"
+	[ "$(nerdctl images -q | sort -u | wc -l)" -eq 6 ] || die "nerdctl lists $(nerdctl images -q | sort -u | wc -l) images, want 6"
+	log "ok: 6 archives loaded by nerdctl"
 fi

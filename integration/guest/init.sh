@@ -40,6 +40,9 @@
 #                                  them); independent of VMSHIM-LEASE, before
 #                                  or after it
 #   VMSHIM-RENEW6 if=IF ip=ADDR    the DHCPv6 lease was renewed
+#   VMSHIM-LINK-UP if=IF           IF lost its carrier and has it again: udhcpc
+#                                  gives its lease up and asks for one afresh
+#                                  (a VMSHIM-LEASE follows)
 #   VMSHIM-HTTP-READY              httpd serves VMSHIM-HTTP-OK <hostname> <ip> on :8080
 #   VMSHIM-GATEWAY-OK <gw>         the first lease's gateway answers ping
 #   VMSHIM-GATEWAY-FAIL <gw>       ... or does not (- when the lease has none)
@@ -293,6 +296,12 @@ echo_console() {
 # with a kernel uevent's environment. For a new eth* interface it brings the
 # link up and starts udhcpc, once per interface: 20 discovers 1 s apart, then
 # more every 3 s in the background until a lease comes; it stays to renew.
+# Once the link has carrier, a watcher checks every second whether it lost
+# and regained it since (carrier_changes): the guest may be on another
+# network then (a resumed guest in a new pod, whose link the shim takes
+# down and up), so, as systemd-networkd and NetworkManager do, udhcpc
+# lets its lease go (SIGUSR2) and asks afresh (SIGUSR1), and the watcher
+# prints VMSHIM-LINK-UP.
 # udhcpc asks for option 121 unless VMSHIM_DHCP is router-only; udhcpc.sh
 # then ignores it too.
 #
@@ -314,7 +323,24 @@ add/net/eth*)
 	routes="-O staticroutes"
 	[ "$VMSHIM_DHCP" != router-only ] || routes=
 	udhcpc -i "$INTERFACE" -s /etc/udhcpc/default.script -t 20 -T 1 -A 3 -b \
-		$routes -O mtu -O search >/dev/null 2>&1 </dev/null &
+		-p "/run/vmshim/udhcpc.$INTERFACE/pid" $routes -O mtu -O search >/dev/null 2>&1 </dev/null &
+	(
+		sys=/sys/class/net/$INTERFACE
+		until [ "$(cat "$sys/carrier" 2>/dev/null)" = 1 ]; do
+			[ -e "$sys" ] || exit 0
+			sleep 0.5
+		done
+		seen=$(cat "$sys/carrier_changes")
+		while now=$(cat "$sys/carrier_changes" 2>/dev/null); do
+			if [ "$now" != "$seen" ] && [ "$(cat "$sys/carrier")" = 1 ]; then
+				seen=$now
+				echo "VMSHIM-LINK-UP if=$INTERFACE" >/dev/console
+				pid=$(cat "/run/vmshim/udhcpc.$INTERFACE/pid")
+				kill -USR2 "$pid" && kill -USR1 "$pid"
+			fi
+			sleep 1
+		done
+	) >/dev/null 2>&1 </dev/null &
 	[ -x /bin/udhcpc6 ] || exit 0
 	(
 		tries=0
