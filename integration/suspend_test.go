@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,12 +24,13 @@ import (
 func TestSuspendResume(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*bootTimeout)
 	defer cancel()
-	vol := filepath.Join(env.daemon.dir, "volumes", "suspend")
+	d := criDaemon(ctx, t, daemonOptions{cni: dualStackCNI}, "disk-agent.tar")
+	vol := filepath.Join(d.dir, "volumes", "suspend")
 	if err := os.MkdirAll(vol, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	state := filepath.Join(vol, "vmshim-state")
-	c := newCRI(t, env.daemon)
+	c := newCRI(t, d)
 	config := func(suspend bool) func(cfg *runtimeapi.ContainerConfig) {
 		return func(cfg *runtimeapi.ContainerConfig) {
 			cfg.Annotations = map[string]string{annotationRootDiskVolume: "/data"}
@@ -47,7 +49,7 @@ func TestSuspendResume(t *testing.T) {
 		return up
 	}
 
-	first := c.runPod(ctx, t, "suspend-1")
+	first := runPod6(ctx, t, c, "suspend-1")
 	vm := first.createVMWith(ctx, t, imageDiskAgent, config(true))
 	if _, err := c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: vm.id}); err != nil {
 		t.Fatalf("StartContainer: %v", err)
@@ -55,6 +57,7 @@ func TestSuspendResume(t *testing.T) {
 	vm.waitLog(ctx, t, "VMSHIM-DISK-BOOTS 0")
 	vm.waitLog(ctx, t, markerAgent)
 	firstIP := leaseFields(vm.waitLog(ctx, t, "VMSHIM-LEASE if=eth0"))["ip"]
+	firstIP6 := leaseFields(vm.waitLog(ctx, t, "VMSHIM-LEASE6 if=eth0"))["ip"]
 	const marker = "vmshim-marker-in-ram"
 	vm.mustExec(ctx, t, "sh", "-c", "echo "+marker+" >/run/marker")
 	pid := strings.TrimSpace(vm.mustExec(ctx, t, "sh", "-c", "sleep 86400 </dev/null >/dev/null 2>&1 & echo $!"))
@@ -70,10 +73,10 @@ func TestSuspendResume(t *testing.T) {
 	first.remove(t)
 	assertNothingLeftCRI(t, vm.id)
 
-	second := c.runPod(ctx, t, "suspend-2")
-	podIP := second.ip(ctx, t)
-	if podIP == firstIP {
-		t.Fatalf("the second pod has the first pod's address %s", podIP)
+	second := runPod6(ctx, t, c, "suspend-2")
+	podIP, podIP6 := second.podIPs(ctx, t)
+	if podIP == firstIP || podIP6 == firstIP6 {
+		t.Fatalf("the second pod has the first pod's address: %s %s", podIP, podIP6)
 	}
 	resumed := second.createVMWith(ctx, t, imageDiskAgent, config(false))
 	began := time.Now()
@@ -89,8 +92,15 @@ func TestSuspendResume(t *testing.T) {
 	if lease["ip"] != podIP {
 		t.Errorf("the resumed guest's lease is for %s, want the new pod's %s", lease["ip"], podIP)
 	}
-	if body := httpGet(ctx, t, "/run/netns/"+env.daemon.netns, podIP); !strings.Contains(body, "VMSHIM-HTTP-OK") {
-		t.Errorf("GET http://%s:8080/ of the resumed guest: %q", podIP, body)
+	lease6 := leaseFields(resumed.waitLog(ctx, t, "VMSHIM-LEASE6 if=eth0 ip="+podIP6))
+	t.Logf("... and its DHCPv6 lease %s %.1f s after (it had %s)", lease6["ip"], time.Since(began).Seconds(), firstIP6)
+	for _, ip := range []string{podIP, podIP6} {
+		if body := httpGet(ctx, t, "/run/netns/"+d.netns, ip); !strings.Contains(body, "VMSHIM-HTTP-OK") {
+			t.Errorf("GET http://%s of the resumed guest: %q", net.JoinHostPort(ip, "8080"), body)
+		}
+	}
+	if addrs := resumed.mustExec(ctx, t, "ip", "addr", "show", "dev", "eth0"); strings.Contains(addrs, firstIP+"/") || strings.Contains(addrs, firstIP6+"/") {
+		t.Errorf("the resumed guest still has the first pod's addresses:\n%s", addrs)
 	}
 	if got := strings.TrimSpace(resumed.mustExec(ctx, t, "cat", "/run/marker")); got != marker {
 		t.Errorf("the marker in the guest's RAM is %q after the resume, want %q", got, marker)
@@ -110,7 +120,7 @@ func TestSuspendResume(t *testing.T) {
 	second.remove(t)
 	assertNothingLeftCRI(t, resumed.id)
 
-	third := c.runPod(ctx, t, "suspend-3")
+	third := runPod6(ctx, t, c, "suspend-3")
 	booted := third.createVMWith(ctx, t, imageDiskAgent, config(false))
 	if _, err := c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: booted.id}); err != nil {
 		t.Fatalf("StartContainer: %v", err)

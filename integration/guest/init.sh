@@ -42,7 +42,8 @@
 #   VMSHIM-RENEW6 if=IF ip=ADDR    the DHCPv6 lease was renewed
 #   VMSHIM-LINK-UP if=IF           IF lost its carrier and has it again: udhcpc
 #                                  gives its lease up and asks for one afresh
-#                                  (a VMSHIM-LEASE follows)
+#                                  (a VMSHIM-LEASE follows), udhcpc6 starts
+#                                  again (and a VMSHIM-LEASE6)
 #   VMSHIM-HTTP-READY              httpd serves VMSHIM-HTTP-OK <hostname> <ip> on :8080
 #   VMSHIM-GATEWAY-OK <gw>         the first lease's gateway answers ping
 #   VMSHIM-GATEWAY-FAIL <gw>       ... or does not (- when the lease has none)
@@ -300,8 +301,10 @@ echo_console() {
 # and regained it since (carrier_changes): the guest may be on another
 # network then (a resumed guest in a new pod, whose link the shim takes
 # down and up), so, as systemd-networkd and NetworkManager do, udhcpc
-# lets its lease go (SIGUSR2) and asks afresh (SIGUSR1), and the watcher
-# prints VMSHIM-LINK-UP.
+# lets its lease go (SIGUSR2) and asks afresh (SIGUSR1), udhcpc6 is ended
+# (SIGTERM) for the loop below to start it again (its script then takes
+# the old address away and gives the new lease's), and the watcher prints
+# VMSHIM-LINK-UP.
 # udhcpc asks for option 121 unless VMSHIM_DHCP is router-only; udhcpc.sh
 # then ignores it too.
 #
@@ -337,6 +340,7 @@ add/net/eth*)
 				echo "VMSHIM-LINK-UP if=$INTERFACE" >/dev/console
 				pid=$(cat "/run/vmshim/udhcpc.$INTERFACE/pid")
 				kill -USR2 "$pid" && kill -USR1 "$pid"
+				pid=$(cat "/run/vmshim/udhcpc.$INTERFACE/pid6" 2>/dev/null) && kill "$pid"
 			fi
 			sleep 1
 		done
@@ -347,7 +351,7 @@ add/net/eth*)
 		while [ -e "/sys/class/net/$INTERFACE" ]; do
 			if ip -6 addr show dev "$INTERFACE" scope link | grep -q inet6; then
 				udhcpc6 -i "$INTERFACE" -s /etc/udhcpc6/default.script -f -t 5 -T 1 -A 10 \
-					-O dns -O search
+					-p "/run/vmshim/udhcpc.$INTERFACE/pid6" -O dns -O search
 				tries=0
 			fi
 			tries=$((tries + 1))
