@@ -132,6 +132,10 @@ type Config struct {
 	// say: OnStopPoweroff or OnStopSuspend (which a VM without a
 	// root-disk volume does not follow: it powers off).
 	OnStop string `toml:"on_stop"`
+	// OnResumeError is what becomes of a VM whose root-disk volume holds
+	// a saved state it cannot resume, when vmshim.io/on-resume-error
+	// does not say: OnResumeErrorRefuse or OnResumeErrorBoot.
+	OnResumeError string `toml:"on_resume_error"`
 	// QEMUUser was the one user every QEMU ran as; each VM now has its
 	// own (Jail). Kept only to name it when a config still sets it.
 	QEMUUser string `toml:"qemu_user"`
@@ -180,6 +184,7 @@ func Default() Config {
 		UEFISecureVars:        "/usr/share/OVMF/OVMF_VARS_4M.ms.fd",
 		Mesh:                  MeshRefuse,
 		OnStop:                OnStopPoweroff,
+		OnResumeError:         OnResumeErrorRefuse,
 	}
 }
 
@@ -313,6 +318,9 @@ func (c Config) validate() error {
 	}
 	if !oneOf(c.OnStop, OnStopPoweroff, OnStopSuspend) {
 		add("on_stop", "%q is not one of %s, %s", c.OnStop, OnStopPoweroff, OnStopSuspend)
+	}
+	if !oneOf(c.OnResumeError, OnResumeErrorRefuse, OnResumeErrorBoot) {
+		add("on_resume_error", "%q is not one of %s, %s", c.OnResumeError, OnResumeErrorRefuse, OnResumeErrorBoot)
 	}
 	if !oneOf(c.Mesh, MeshRefuse, MeshBypass) {
 		add("mesh", "%q is not one of %s, %s", c.Mesh, MeshRefuse, MeshBypass)

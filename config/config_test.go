@@ -38,7 +38,7 @@ func TestDefaultIsValid(t *testing.T) {
 			"100.100.100.200/32", "168.63.129.16/32", "192.0.0.192/32", "64:ff9b::a9fe:0/112", "2002:a9fe::/32"},
 		UEFICode: "/usr/share/OVMF/OVMF_CODE_4M.fd", UEFIVars: "/usr/share/OVMF/OVMF_VARS_4M.fd",
 		UEFISecureCode: "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd", UEFISecureVars: "/usr/share/OVMF/OVMF_VARS_4M.ms.fd",
-		Mesh: "refuse", OnStop: "poweroff",
+		Mesh: "refuse", OnStop: "poweroff", OnResumeError: "refuse",
 	}
 	if !reflect.DeepEqual(d, want) {
 		t.Fatalf("Default() = %+v, want %+v", d, want)
@@ -87,6 +87,7 @@ uefi_secure_code = "/srv/ovmf/code.secboot.fd"
 uefi_secure_vars = "/srv/ovmf/vars.ms.fd"
 mesh = "bypass"
 on_stop = "suspend"
+on_resume_error = "boot"
 `,
 			want: func(c *Config) {
 				*c = Config{
@@ -101,7 +102,7 @@ on_stop = "suspend"
 					URLDisks: true, URLDenyCIDRs: Default().URLDenyCIDRs,
 					UEFICode: "/srv/ovmf/code.fd", UEFIVars: "/srv/ovmf/vars.fd",
 					UEFISecureCode: "/srv/ovmf/code.secboot.fd", UEFISecureVars: "/srv/ovmf/vars.ms.fd",
-					Mesh: "bypass", OnStop: "suspend",
+					Mesh: "bypass", OnStop: "suspend", OnResumeError: "boot",
 				}
 			},
 		},

@@ -3,6 +3,7 @@ package config
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -62,6 +63,29 @@ func TestResolveDisks(t *testing.T) {
 				t.Errorf("vmshim.io/on-stop poweroff: Suspend is true")
 			}
 		}},
+		{name: "suspend with the kubelet's grace period", ann: map[string]string{AnnotationRootDiskVolume: "/data", AnnotationOnStop: "suspend", AnnotationTerminationGracePeriod: "45"}, check: func(t *testing.T, vm *VM) {
+			if !vm.Suspend || vm.StopGrace != 45*time.Second {
+				t.Errorf("Suspend %v, StopGrace %v; want true, 45s", vm.Suspend, vm.StopGrace)
+			}
+		}},
+		{name: "a grace period without suspend", ann: map[string]string{AnnotationTerminationGracePeriod: "junk"}, check: func(t *testing.T, vm *VM) {
+			if vm.StopGrace != 0 {
+				t.Errorf("StopGrace %v of a VM that powers off", vm.StopGrace)
+			}
+		}},
+		{name: "bad grace period", ann: map[string]string{AnnotationRootDiskVolume: "/data", AnnotationOnStop: "suspend", AnnotationTerminationGracePeriod: "-1"}, wantErr: `io.kubernetes.pod.terminationGracePeriod: "-1" is not a number of seconds from 0 to 86400`},
+		{name: "huge grace period", ann: map[string]string{AnnotationRootDiskVolume: "/data", AnnotationOnStop: "suspend", AnnotationTerminationGracePeriod: "99999999999999999999"}, wantErr: "is not a number of seconds"},
+		{name: "boot on a resume error", ann: map[string]string{AnnotationRootDiskVolume: "/data", AnnotationOnResumeError: "boot"}, check: func(t *testing.T, vm *VM) {
+			if !vm.ResumeErrorBoots {
+				t.Errorf("vmshim.io/on-resume-error boot: ResumeErrorBoots is false")
+			}
+		}},
+		{name: "refuse on a resume error", ann: map[string]string{AnnotationRootDiskVolume: "/data"}, check: func(t *testing.T, vm *VM) {
+			if vm.ResumeErrorBoots {
+				t.Errorf("by default, ResumeErrorBoots is true")
+			}
+		}},
+		{name: "bad on-resume-error", ann: map[string]string{AnnotationOnResumeError: "retry"}, wantErr: `"retry" is not one of refuse, boot`},
 		{name: "suspend without a volume", ann: map[string]string{AnnotationOnStop: "suspend"}, wantErr: "vmshim.io/on-stop: suspend needs vmshim.io/root-disk-volume"},
 		{name: "suspend on a block volume", ann: map[string]string{AnnotationRootDiskVolume: "/dev/xvdb", AnnotationOnStop: "suspend"}, wantErr: "needs a filesystem volume"},
 		{name: "bad on-stop", ann: map[string]string{AnnotationOnStop: "hibernate"}, wantErr: `"hibernate" is not one of poweroff, suspend`},

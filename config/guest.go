@@ -32,7 +32,19 @@ const (
 	// to the VM: OnStopPoweroff or, with a root-disk volume,
 	// OnStopSuspend.
 	AnnotationOnStop = AnnotationPrefix + "on-stop"
+	// AnnotationOnResumeError says what becomes of a VM whose root-disk
+	// volume holds a saved state it cannot resume (saved from a VM of
+	// another shape, cut short, or refused by QEMU):
+	// OnResumeErrorRefuse or OnResumeErrorBoot.
+	AnnotationOnResumeError = AnnotationPrefix + "on-resume-error"
 )
+
+// AnnotationTerminationGracePeriod is the pod's
+// terminationGracePeriodSeconds, which the kubelet gives each container
+// as this annotation (containerd passes it on when its runtime's
+// container_annotations list it). A VM that suspends on stop bounds its
+// save by it.
+const AnnotationTerminationGracePeriod = "io.kubernetes.pod.terminationGracePeriod"
 
 // LabelFirmware is the image label that picks the firmware, as
 // AnnotationFirmware does (which wins over it).
@@ -89,6 +101,18 @@ const (
 	OnStopSuspend = "suspend"
 )
 
+// What becomes of a VM whose saved state cannot be resumed
+// (AnnotationOnResumeError).
+const (
+	// OnResumeErrorRefuse refuses the VM in one line and leaves the
+	// state on the volume, for the operator to fix the pod, or to
+	// remove it.
+	OnResumeErrorRefuse = "refuse"
+	// OnResumeErrorBoot removes the state, says so in the container's
+	// log, and boots the disk: the guest's memory is lost.
+	OnResumeErrorBoot = "boot"
+)
+
 // Guest OSes.
 const (
 	OSLinux   = "linux"
@@ -97,7 +121,7 @@ const (
 
 // guestAnnotations are the parsed annotations of this file; "" is unset.
 type guestAnnotations struct {
-	firmware, graphics, nicModel, os, machine, mesh, onStop string
+	firmware, graphics, nicModel, os, machine, mesh, onStop, onResumeError string
 }
 
 // parseGuestAnnotations reads the annotations that fit the VM to its guest.
@@ -115,6 +139,7 @@ func parseGuestAnnotations(in map[string]string) (guestAnnotations, error) {
 		{AnnotationMachine, &g.machine, []string{MachineQ35, MachineMicroVM}},
 		{AnnotationMesh, &g.mesh, []string{MeshRefuse, MeshBypass}},
 		{AnnotationOnStop, &g.onStop, []string{OnStopPoweroff, OnStopSuspend}},
+		{AnnotationOnResumeError, &g.onResumeError, []string{OnResumeErrorRefuse, OnResumeErrorBoot}},
 	} {
 		v, ok := in[a.key]
 		if !ok {

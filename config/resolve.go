@@ -1,6 +1,8 @@
 package config
 
 import (
+	"cmp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,6 +43,14 @@ type VM struct {
 	// of the power button: vmshim.io/on-stop suspend, or the config's
 	// on_stop for a VM with a root-disk volume.
 	Suspend bool
+	// StopGrace is the stop's grace period the kubelet gave the
+	// container (AnnotationTerminationGracePeriod), for a VM that
+	// suspends; 0 when unknown.
+	StopGrace time.Duration
+	// ResumeErrorBoots removes a saved state the VM cannot resume and
+	// boots the disk, instead of refusing the VM: vmshim.io/on-resume-error
+	// boot, or the config's on_resume_error.
+	ResumeErrorBoots bool
 
 	Resources Resources
 }
@@ -120,6 +130,12 @@ func Resolve(cfg Config, id string, spec *specs.Spec) (*VM, error) {
 	default:
 		vm.Suspend = cfg.OnStop == OnStopSuspend && vm.RootVolume != nil && !vm.RootVolume.Block
 	}
+	vm.ResumeErrorBoots = cmp.Or(ann.guest.onResumeError, cfg.OnResumeError) == OnResumeErrorBoot
+	if vm.Suspend {
+		if vm.StopGrace, err = stopGrace(spec.Annotations); err != nil {
+			return nil, err
+		}
+	}
 	return vm, nil
 }
 
@@ -198,4 +214,21 @@ func resolveGuest(vm *VM, ann annotations) {
 	if g.nicModel != "" {
 		vm.NICModel = g.nicModel
 	}
+}
+
+// maxStopGrace bounds AnnotationTerminationGracePeriod: a day.
+const maxStopGrace = 24 * time.Hour
+
+// stopGrace reads the grace period the kubelet gave the container; 0
+// when there is none.
+func stopGrace(in map[string]string) (time.Duration, error) {
+	v, ok := in[AnnotationTerminationGracePeriod]
+	if !ok {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || time.Duration(n)*time.Second > maxStopGrace {
+		return 0, annotationErr(AnnotationTerminationGracePeriod, "%s is not a number of seconds from 0 to %d", quoteValue(v), int64(maxStopGrace/time.Second))
+	}
+	return time.Duration(n) * time.Second, nil
 }

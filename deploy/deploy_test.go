@@ -32,7 +32,7 @@ import (
 const runtimeBlock = `[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm]
   runtime_type = "io.containerd.vm.v2"
   pod_annotations = ["vmshim.io/*"]
-  container_annotations = ["vmshim.io/*"]
+  container_annotations = ["vmshim.io/*", "io.kubernetes.pod.terminationGracePeriod"]
 `
 
 // Keys of the installer ConfigMap.

@@ -422,7 +422,7 @@ func TestDropinLoadsInContainerd(t *testing.T) {
 				"[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.vm]",
 				"runtime_type = 'io.containerd.vm.v2'",
 				"pod_annotations = ['vmshim.io/*']",
-				"container_annotations = ['vmshim.io/*']",
+				"container_annotations = ['vmshim.io/*', 'io.kubernetes.pod.terminationGracePeriod']",
 			} {
 				if !strings.Contains(string(out), want) {
 					t.Errorf("merged config lacks %s", want)

@@ -62,19 +62,19 @@ const criConfig = `[plugins."io.containerd.cri.v1.images".pinned_images]
   [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm]
     runtime_type = "io.containerd.vm.v2"
     pod_annotations = ["vmshim.io/*"]
-    container_annotations = ["vmshim.io/*"]
+    container_annotations = ["vmshim.io/*", "io.kubernetes.pod.terminationGracePeriod"]
   [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm-nojail]
     runtime_type = "io.containerd.vm.v2"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm-nojail.options]
       ConfigPath = %q
   [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm-tight]
     runtime_type = "io.containerd.vm.v2"
-    container_annotations = ["vmshim.io/*"]
+    container_annotations = ["vmshim.io/*", "io.kubernetes.pod.terminationGracePeriod"]
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm-tight.options]
       ConfigPath = %q
   [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm-smallcache]
     runtime_type = "io.containerd.vm.v2"
-    container_annotations = ["vmshim.io/*"]
+    container_annotations = ["vmshim.io/*", "io.kubernetes.pod.terminationGracePeriod"]
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm-smallcache.options]
       ConfigPath = %q
 `

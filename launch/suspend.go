@@ -2,6 +2,7 @@ package launch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -17,10 +18,19 @@ import (
 	"github.com/vmshim/vmshim/rootdisk"
 )
 
-// suspendBudget bounds a save at a stop: the kubelet's default grace
-// period is 30 s, and a save not done by then falls back to the power
-// button while the guest still has time to shut down.
-const suspendBudget = 20 * time.Second
+// defaultStopGrace is the stop's grace period when the kubelet has not
+// said (config.AnnotationTerminationGracePeriod): its default.
+const defaultStopGrace = 30 * time.Second
+
+// saveBudget bounds a save at a stop whose grace period is grace: two
+// thirds of it, so that a save not done by then falls back to the power
+// button while the guest still has a third to shut down in.
+func saveBudget(grace time.Duration) time.Duration {
+	if grace <= 0 {
+		grace = defaultStopGrace
+	}
+	return grace * 2 / 3
+}
 
 // stateShape is what a state saved from a VM of qs holds, and what a VM
 // that resumes it must be.
@@ -28,8 +38,11 @@ func stateShape(qs *qemu.Spec) rootdisk.StateInfo {
 	info := rootdisk.StateInfo{
 		Machine:   qs.Machine,
 		Firmware:  firmwareName(qs),
-		VCPUs:     max(qs.CPUs, qs.PluggedCPUs),
+		VCPUs:     qs.CPUs,
+		Plugged:   max(qs.CPUs, qs.PluggedCPUs),
+		MaxVCPUs:  max(qs.CPUs, qs.MaxCPUs),
 		MemoryMiB: qs.MemoryMiB,
+		ResizeMiB: qs.ResizeMiB,
 	}
 	if info.Machine == "" {
 		info.Machine = config.MachineQ35
@@ -64,9 +77,17 @@ func stateDiffers(saved, now rootdisk.StateInfo) string {
 	}
 	if saved.VCPUs != now.VCPUs {
 		d = append(d, fmt.Sprintf("%d vCPUs, not %d", now.VCPUs, saved.VCPUs))
+	} else if saved.Plugged != now.Plugged {
+		d = append(d, fmt.Sprintf("%d vCPUs present, not %d", now.Plugged, saved.Plugged))
+	}
+	if saved.MaxVCPUs != now.MaxVCPUs {
+		d = append(d, fmt.Sprintf("room for %d vCPUs, not %d", now.MaxVCPUs, saved.MaxVCPUs))
 	}
 	if saved.MemoryMiB != now.MemoryMiB {
 		d = append(d, fmt.Sprintf("%d MiB of guest RAM, not %d", now.MemoryMiB, saved.MemoryMiB))
+	}
+	if saved.ResizeMiB != now.ResizeMiB {
+		d = append(d, fmt.Sprintf("guest RAM that can grow by %d MiB, not %d", now.ResizeMiB, saved.ResizeMiB))
 	}
 	if len(saved.MACs) != len(now.MACs) {
 		d = append(d, fmt.Sprintf("%d NICs, not %d", len(now.MACs), len(saved.MACs)))
@@ -85,11 +106,39 @@ func (c *build) openSavedState(disk *os.File) error {
 		return nil
 	}
 	s, err := rootdisk.OpenState(v.HostDir, v.Path)
-	if err != nil || s == nil {
-		return err
+	if err != nil {
+		return c.resumeError(err)
+	}
+	if s == nil {
+		return nil
 	}
 	c.saved = s // closed by closeFiles
-	return s.CheckDisk(disk)
+	if err := s.CheckDisk(disk); err != nil {
+		return c.resumeError(err)
+	}
+	return nil
+}
+
+// resumeError is what becomes of a VM whose saved state it cannot resume
+// (err says why): refused, with the state left on the volume, or, with
+// vmshim.io/on-resume-error boot, the state removed and the disk booted.
+// Errors of the host, not of the state, refuse the VM either way.
+func (c *build) resumeError(err error) error {
+	if !c.desc.ResumeErrorBoots || !(errdefs.IsInvalidArgument(err) || errdefs.IsFailedPrecondition(err)) {
+		return err
+	}
+	v := c.desc.RootVolume
+	if c.saved != nil {
+		c.saved.Close()
+		c.saved = nil
+	}
+	if rerr := rootdisk.RemoveState(v.HostDir, v.Path); rerr != nil {
+		return fmt.Errorf("%w; and it could not be removed to boot the disk: %v", err, rerr)
+	}
+	c.log(fmt.Sprintf("vmshim: the state saved on volume %s cannot be resumed and is removed (%s: %s); booting the disk: %v",
+		v.Path, config.AnnotationOnResumeError, config.OnResumeErrorBoot, err))
+	c.logger.WithError(err).Warn("saved state removed; booting the disk")
+	return nil
 }
 
 // incoming readies QEMU to load the saved state instead of booting,
@@ -100,8 +149,11 @@ func (c *build) incoming() error {
 	}
 	now := stateShape(&c.qs)
 	if d := stateDiffers(c.saved.Info, now); d != "" {
-		return fmt.Errorf("root disk volume %s holds a state saved %s from another VM: this one has %s: %w",
+		err := fmt.Errorf("root disk volume %s holds a state saved %s from another VM: this one has %s: %w",
 			c.desc.RootVolume.Path, c.saved.Info.Saved.Format(time.RFC3339), d, errdefs.ErrFailedPrecondition)
+		if err := c.resumeError(err); err != nil || c.saved == nil {
+			return err
+		}
 	}
 	c.qs.Incoming = true
 	return nil
@@ -116,7 +168,7 @@ func (c *build) adoptMACs() error {
 		return nil
 	}
 	if err := network.AdoptMACs(c.nsPath, c.saved.Info.MACs); err != nil {
-		return fmt.Errorf("root disk volume %s holds a saved state, and its NICs cannot join the pod's network: %w", c.desc.RootVolume.Path, err)
+		return c.resumeError(fmt.Errorf("root disk volume %s holds a saved state, and its NICs cannot join the pod's network: %w", c.desc.RootVolume.Path, err))
 	}
 	return nil
 }
@@ -131,7 +183,16 @@ func (c *build) loadState(ctx context.Context, vm *qemu.VM) (*relinker, error) {
 	}
 	start := time.Now()
 	if _, err := vm.QMP().LoadState(ctx, c.saved.File); err != nil {
-		return nil, fmt.Errorf("root disk volume %s: resume the saved state: %w", c.desc.RootVolume.Path, err)
+		err = fmt.Errorf("root disk volume %s: resume the saved state: %w", c.desc.RootVolume.Path, err)
+		if !c.desc.ResumeErrorBoots || ctx.Err() != nil {
+			return nil, err
+		}
+		// QEMU waits for a state, and cannot boot now; the next start
+		// boots the disk.
+		if terr := c.saved.Take(); terr != nil {
+			return nil, fmt.Errorf("%w; and it could not be removed: %v", err, terr)
+		}
+		return nil, fmt.Errorf("%w; it is removed (%s: %s), and the next start boots the disk", err, config.AnnotationOnResumeError, config.OnResumeErrorBoot)
 	}
 	if err := c.saved.Take(); err != nil {
 		return nil, err
@@ -187,9 +248,10 @@ func (r *relinker) start(ctx context.Context, vm *qemu.VM) {
 
 // suspender saves a running VM onto its root-disk volume at a stop.
 type suspender struct {
-	vol   *config.RootVolume
-	shape rootdisk.StateInfo
-	log   func(string)
+	vol    *config.RootVolume
+	shape  rootdisk.StateInfo
+	log    func(string)
+	budget time.Duration // how long the save may take (saveBudget)
 
 	once sync.Once
 }
@@ -200,7 +262,7 @@ func (c *build) newSuspender() *suspender {
 	if !c.desc.Suspend || c.desc.RootVolume == nil || c.desc.RootVolume.Block {
 		return nil
 	}
-	return &suspender{vol: c.desc.RootVolume, shape: stateShape(&c.qs), log: c.log}
+	return &suspender{vol: c.desc.RootVolume, shape: stateShape(&c.qs), log: c.log, budget: saveBudget(c.desc.StopGrace)}
 }
 
 // start saves the VM in the background, once: the stop returns at once,
@@ -251,7 +313,7 @@ func (s *suspender) run(ctx context.Context, vm *qemu.VM) {
 // save stops the vCPUs and writes the state; QEMU, its vCPUs stopped
 // for good ("postmigrate"), is for the caller to end.
 func (s *suspender) save(ctx context.Context, vm *qemu.VM) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, suspendBudget)
+	ctx, cancel := context.WithTimeout(ctx, s.budget)
 	defer cancel()
 	var version struct {
 		QEMU struct{ Major, Minor, Micro int } `json:"qemu"`
@@ -268,6 +330,9 @@ func (s *suspender) save(ctx context.Context, vm *qemu.VM) (int64, error) {
 	}
 	if _, err := vm.QMP().SaveState(ctx, st.File); err != nil {
 		st.Abort()
+		if errors.Is(err, context.DeadlineExceeded) {
+			return 0, fmt.Errorf("the save did not finish within %.1f s, two thirds of the stop's grace period", s.budget.Seconds())
+		}
 		return 0, err
 	}
 	// QEMU writes the disks no more once the save is complete (it has

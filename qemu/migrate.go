@@ -13,6 +13,10 @@ import (
 // stateFD is the name the fd of a saved state goes by in QEMU (getfd).
 const stateFD = "vmshim-state"
 
+// saveBandwidth is the bandwidth a save may use, in bytes per second:
+// as much as the volume takes.
+const saveBandwidth = int64(1) << 40
+
 // migratePoll is how often the state of a save or a load is asked for.
 const migratePoll = 50 * time.Millisecond
 
@@ -32,6 +36,11 @@ type MigrationInfo struct {
 // stays stopped ("postmigrate"), for Quit. When ctx ends first, the save
 // is cancelled and what f holds is not a state.
 func (c *Client) SaveState(ctx context.Context, f *os.File) (MigrationInfo, error) {
+	// QEMU throttles a migration to 128 MiB/s unless told otherwise: a
+	// save to a file of a stopped VM has no link to spare.
+	if err := c.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": saveBandwidth}, nil); err != nil {
+		return MigrationInfo{}, fmt.Errorf("save state: %w", err)
+	}
 	info, err := c.migrateFD(ctx, "migrate", f)
 	if err != nil && ctx.Err() != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

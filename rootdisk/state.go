@@ -38,10 +38,16 @@ type StateInfo struct {
 	QEMU      string    `json:"qemu"` // QEMU's version
 	Machine   string    `json:"machine"`
 	Firmware  string    `json:"firmware"`
-	VCPUs     int       `json:"vcpus"`
-	MemoryMiB int       `json:"memory_mib"`
+	VCPUs     int       `json:"vcpus"`         // the vCPUs the container asked for
+	Plugged   int       `json:"plugged_vcpus"` // the vCPUs QEMU has, online or not
+	MaxVCPUs  int       `json:"max_vcpus"`     // the vCPUs QEMU has room for
+	MemoryMiB int       `json:"memory_mib"`    // guest RAM outside virtio-mem
+	ResizeMiB int       `json:"resize_mib"`    // the virtio-mem region
 	MACs      []string  `json:"macs"` // the guest NICs', in order
 	Saved     time.Time `json:"saved"`
+	// Stream is the length of QEMU's stream after the header block: a
+	// file of another size was cut short, or added to.
+	Stream int64 `json:"stream"`
 	// Disk is the root disk as the save left it: a disk changed since
 	// (a boot, a new disk) does not go with the state.
 	Disk DiskStamp `json:"disk"`
@@ -83,8 +89,8 @@ func parseStateHeader(b []byte) (StateInfo, error) {
 	if err := dec.Decode(&info); err != nil {
 		return StateInfo{}, fmt.Errorf("header: %w", err)
 	}
-	if info.VCPUs < 1 || info.MemoryMiB < 1 || len(info.MACs) > 64 {
-		return StateInfo{}, fmt.Errorf("header: %d vCPUs, %d MiB, %d NICs", info.VCPUs, info.MemoryMiB, len(info.MACs))
+	if info.VCPUs < 1 || info.MemoryMiB < 1 || len(info.MACs) > 64 || info.Stream < 1 {
+		return StateInfo{}, fmt.Errorf("header: %d vCPUs, %d MiB, %d NICs, a stream of %d bytes", info.VCPUs, info.MemoryMiB, len(info.MACs), info.Stream)
 	}
 	return info, nil
 }
@@ -171,6 +177,7 @@ func (s *SavingState) Commit(info StateInfo) (int64, error) {
 	if err != nil {
 		return fail(err)
 	}
+	info.Stream = size - stateHeaderSize
 	h, err := stateHeader(info)
 	if err != nil {
 		return fail(err)
@@ -241,7 +248,34 @@ func OpenState(dir, name string) (_ *SavedState, retErr error) {
 		f.Close()
 		return nil, fmt.Errorf("root disk volume %s: saved state %s: %v: %w", name, StateName, err, errdefs.ErrInvalidArgument)
 	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("root disk volume %s: %w", name, err)
+	}
+	if want := stateHeaderSize + info.Stream; st.Size != want {
+		f.Close()
+		return nil, fmt.Errorf("root disk volume %s: saved state %s holds %d bytes, and its header says %d: it was cut short or changed: %w",
+			name, StateName, st.Size, want, errdefs.ErrInvalidArgument)
+	}
 	return &SavedState{Info: info, File: f, v: v}, nil
+}
+
+// RemoveState removes the state saved on the filesystem volume in dir,
+// and one cut short, if there are any: a state that will not be resumed.
+func RemoveState(dir, name string) error {
+	v, err := stateVolume(dir, name)
+	if err != nil {
+		return err
+	}
+	defer v.dir.Close()
+	if err := unix.Unlinkat(int(v.dir.Fd()), StateName, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("root disk volume %s: remove the saved state: %w", name, err)
+	}
+	if err := v.dir.Sync(); err != nil {
+		return fmt.Errorf("root disk volume %s: %w", name, err)
+	}
+	return nil
 }
 
 // CheckDisk refuses a state that does not go with the volume's disk as

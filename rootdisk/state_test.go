@@ -39,6 +39,7 @@ func saveTestState(t *testing.T, dir string, disk *os.File, stream []byte) State
 		t.Errorf("Commit's size %d, want %d", size, want)
 	}
 	info.Disk, _ = stampOf(disk)
+	info.Stream = int64(len(stream))
 	return info
 }
 
@@ -152,9 +153,17 @@ func TestStateHostile(t *testing.T) {
 			b := append([]byte(stateMagic), 0xff, 0xff, 0xff, 0xff)
 			write(t, p, append(b, make([]byte, stateHeaderSize)...))
 		}, "header of"},
+		{"no stream", func(t *testing.T, p string) {
+			h, err := stateHeader(testStateInfo())
+			if err != nil {
+				t.Fatal(err)
+			}
+			write(t, p, h)
+		}, "a stream of 0 bytes"},
 		{"no vcpus", func(t *testing.T, p string) {
 			info := testStateInfo()
 			info.VCPUs = 0
+			info.Stream = 1
 			h, err := stateHeader(info)
 			if err != nil {
 				t.Fatal(err)
@@ -205,4 +214,50 @@ func dirNames(t *testing.T, dir string) []string {
 		out = append(out, e.Name())
 	}
 	return out
+}
+
+// TestStateCutShort: a state whose file holds less, or more, than its
+// header says is refused in one line, and RemoveState takes it away.
+func TestStateCutShort(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(f *os.File, size int64) error
+	}{
+		{"truncated", func(f *os.File, size int64) error { return f.Truncate(size - 100) }},
+		{"to the header", func(f *os.File, size int64) error { return f.Truncate(stateHeaderSize) }},
+		{"grown", func(f *os.File, size int64) error { _, err := f.WriteAt([]byte("more"), size); return err }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			disk := testDisk(t, dir)
+			saveTestState(t, dir, disk, bytes.Repeat([]byte("QEVM"), 1000))
+			path := filepath.Join(dir, StateName)
+			f, err := os.OpenFile(path, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fi, _ := f.Stat()
+			if err := tc.edit(f, fi.Size()); err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+			s, err := OpenState(dir, "/vol")
+			if err == nil {
+				s.Close()
+				t.Fatal("a state of the wrong size opened")
+			}
+			if !strings.Contains(err.Error(), "cut short or changed") || strings.Contains(err.Error(), "\n") {
+				t.Errorf("error %q: want one line saying it was cut short", err)
+			}
+			if err := RemoveState(dir, "/vol"); err != nil {
+				t.Fatal(err)
+			}
+			if names := dirNames(t, dir); len(names) != 1 || names[0] != DiskName {
+				t.Errorf("after RemoveState the volume holds %q, want the disk alone", names)
+			}
+			if err := RemoveState(dir, "/vol"); err != nil {
+				t.Errorf("RemoveState with no state: %v", err)
+			}
+		})
+	}
 }

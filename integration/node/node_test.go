@@ -58,7 +58,7 @@ state = "/run/containerd"
 [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm]
   runtime_type = "io.containerd.vm.v2"
   pod_annotations = ["vmshim.io/*"]
-  container_annotations = ["vmshim.io/*"]
+  container_annotations = ["vmshim.io/*", "io.kubernetes.pod.terminationGracePeriod"]
 `
 
 // oomToml leaves QEMU no memory beyond guest RAM.
