@@ -68,6 +68,11 @@ func TestResolveDisks(t *testing.T) {
 				t.Errorf("Suspend %v, StopGrace %v; want true, 45s", vm.Suspend, vm.StopGrace)
 			}
 		}},
+		{name: "a grace period of 0", ann: map[string]string{AnnotationRootDiskVolume: "/data", AnnotationOnStop: "suspend", AnnotationTerminationGracePeriod: "0"}, check: func(t *testing.T, vm *VM) {
+			if vm.StopGrace != 2*time.Second {
+				t.Errorf("StopGrace %v, want the kubelet's 2 s", vm.StopGrace)
+			}
+		}},
 		{name: "a grace period without suspend", ann: map[string]string{AnnotationTerminationGracePeriod: "junk"}, check: func(t *testing.T, vm *VM) {
 			if vm.StopGrace != 0 {
 				t.Errorf("StopGrace %v of a VM that powers off", vm.StopGrace)

@@ -230,5 +230,6 @@ func stopGrace(in map[string]string) (time.Duration, error) {
 	if err != nil || n < 0 || time.Duration(n)*time.Second > maxStopGrace {
 		return 0, annotationErr(AnnotationTerminationGracePeriod, "%s is not a number of seconds from 0 to %d", quoteValue(v), int64(maxStopGrace/time.Second))
 	}
-	return time.Duration(n) * time.Second, nil
+	// The kubelet gives a stop 2 s at least, whatever the pod says.
+	return time.Duration(max(n, 2)) * time.Second, nil
 }
