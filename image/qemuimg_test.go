@@ -96,7 +96,8 @@ func qemuImgModes(t *testing.T) []struct {
 // so no test script can run there) and reports, with builtins only (the
 // filter lets it exec nothing), its limits as ulimit reads them (CPU
 // seconds, address space KiB, core blocks, open files), then its uid,
-// seccomp mode and no_new_privs from /proc/self/status.
+// seccomp mode and no_new_privs from /proc/self/status, then what its
+// environment holds: MALLOC_ARENA_MAX, and none of the caller's (HOME).
 func TestQEMUImgLimits(t *testing.T) {
 	sh := needProgram(t, "sh")
 	if !jail.Shows(sh) {
@@ -108,7 +109,8 @@ func TestQEMUImgLimits(t *testing.T) {
 			q := m.q(t)
 			q.Path = sh
 			res, err := q.run(context.Background(), nil, nil, "-c", "ulimit -t; ulimit -v; ulimit -c; ulimit -n; ulimit -H -t; ulimit -H -v; ulimit -H -c; ulimit -H -n; "+
-				"while read -r k v rest; do case $k in Uid:|Seccomp:|NoNewPrivs:) echo $v;; esac; done </proc/self/status")
+				"while read -r k v rest; do case $k in Uid:|Seccomp:|NoNewPrivs:) echo $v;; esac; done </proc/self/status; "+
+				"echo ${MALLOC_ARENA_MAX:-none} ${HOME:-nohome}")
 			if err != nil || res.code != 0 {
 				t.Fatalf("run() = %+v, %v", res, err)
 			}
@@ -116,9 +118,9 @@ func TestQEMUImgLimits(t *testing.T) {
 			if q.Jail != nil {
 				uid = testJailID
 			}
-			want := append(append(append([]string(nil), limits...), limits...), strconv.Itoa(uid), "1", "2")
+			want := append(append(append([]string(nil), limits...), limits...), strconv.Itoa(uid), "1", "2", "1", "nohome")
 			if got := strings.Fields(string(res.stdout)); !reflect.DeepEqual(got, want) {
-				t.Errorf("soft limits, hard limits, uid, no_new_privs, seccomp = %q, want %q", got, want)
+				t.Errorf("soft limits, hard limits, uid, no_new_privs, seccomp, MALLOC_ARENA_MAX, HOME = %q, want %q", got, want)
 			}
 		})
 	}

@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -128,4 +132,201 @@ func TestSuspendResume(t *testing.T) {
 	booted.waitLog(ctx, t, "VMSHIM-DISK-BOOTS 1")
 	third.remove(t)
 	assertNothingLeftCRI(t, booted.id)
+}
+
+// slowVolume is a filesystem volume whose writes can be made slow: ext4
+// on a loop device, mounted sync, so that a process's writes reach the
+// device in its own blkio cgroup, whose throttle the test sets. It
+// returns the mount point and the loop device's major:minor.
+func slowVolume(t *testing.T) (dir, dev string) {
+	t.Helper()
+	loop := loopDevice(t, 512)
+	if out, err := exec.Command("mkfs.ext4", "-q", loop).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	dir = t.TempDir()
+	if out, err := exec.Command("mount", "-o", "sync", loop, dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", dir).Run() })
+	var st unix.Stat_t
+	if err := unix.Stat(loop, &st); err != nil {
+		t.Fatal(err)
+	}
+	return dir, fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+}
+
+// throttleWrites limits the writes of process pid's blkio cgroup to dev
+// to bps bytes a second (0 lifts the limit).
+func throttleWrites(t *testing.T, pid int, dev string, bps int) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) == 3 && slices.Contains(strings.Split(f[1], ","), "blkio") {
+			file := filepath.Join(cgroupRoot, "blkio", f[2], "blkio.throttle.write_bps_device")
+			if err := os.WriteFile(file, []byte(fmt.Sprintf("%s %d", dev, bps)), 0o644); err != nil {
+				t.Fatalf("throttle %s: %v", file, err)
+			}
+			return
+		}
+	}
+	t.Fatalf("process %d has no blkio cgroup: %s", pid, b)
+}
+
+// TestSuspendFaults: a save that cannot finish within two thirds of the
+// grace period falls back to the power button, and the guest powers off
+// cleanly; a shim killed during a save leaves nothing resumable; a state
+// saved from another VM, cut short, or refused by QEMU, is refused in
+// one line, or, with vmshim.io/on-resume-error boot, removed for the
+// disk to boot. Each time the next pod boots the disk.
+func TestSuspendFaults(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*bootTimeout)
+	defer cancel()
+	vol, dev := slowVolume(t)
+	state := filepath.Join(vol, "vmshim-state")
+	c := newCRI(t, env.daemon)
+	run := func(name string, ann map[string]string) (*pod, *criContainer, error) {
+		t.Helper()
+		p := c.runPod(ctx, t, name)
+		vm := p.createVMWith(ctx, t, imageDiskWait, func(cfg *runtimeapi.ContainerConfig) {
+			cfg.Annotations = map[string]string{annotationRootDiskVolume: "/data"}
+			maps.Copy(cfg.Annotations, ann)
+			cfg.Mounts = []*runtimeapi.Mount{{ContainerPath: "/data", HostPath: vol}}
+		})
+		_, err := c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: vm.id})
+		return p, vm, err
+	}
+	boots := func(name string, n int, ann map[string]string) (*pod, *criContainer) {
+		t.Helper()
+		p, vm, err := run(name, ann)
+		if err != nil {
+			t.Fatalf("StartContainer of %s: %v", name, err)
+		}
+		vm.waitLog(ctx, t, fmt.Sprintf("VMSHIM-DISK-BOOTS %d", n))
+		return p, vm
+	}
+	refused := func(name string, ann map[string]string, want ...string) {
+		t.Helper()
+		p, vm, err := run(name, ann)
+		if err == nil || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("StartContainer of %s: %v; want one line saying %q", name, err, want)
+		}
+		for _, w := range want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("StartContainer of %s: %v; want %q", name, err, w)
+			}
+		}
+		t.Logf("%s refused: %v", name, err)
+		p.remove(t)
+		assertNothingLeftCRI(t, vm.id)
+	}
+	volumeHolds := func(what string, want ...string) {
+		t.Helper()
+		var got []string
+		es, err := os.ReadDir(vol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range es {
+			if strings.HasPrefix(e.Name(), "vmshim-state") {
+				got = append(got, e.Name())
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: the volume holds %q, want %q", what, got, want)
+		}
+	}
+	suspend := map[string]string{"vmshim.io/on-stop": "suspend"}
+	qemuOf := func(vm *criContainer) int {
+		pid, err := pidOf("guest=" + vm.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+
+	// A volume that takes 1 MiB/s cannot take the state within 6.7 s,
+	// two thirds of a 10 s grace period: the power button, then.
+	p, vm := boots("fault-grace", 0, map[string]string{"vmshim.io/on-stop": "suspend", "io.kubernetes.pod.terminationGracePeriod": "10"})
+	throttleWrites(t, qemuOf(vm), dev, 1<<20)
+	vm.stop(ctx, t, 10)
+	if st := vm.waitExited(ctx, t); st.ExitCode != 0 {
+		t.Errorf("a guest powered off after a failed save: exit %d (%s), want 0", st.ExitCode, st.Message)
+	}
+	t.Logf("%s", vm.waitLog(ctx, t, "vmshim: suspend failed"))
+	if line, _ := findLogLine(vm.log, "vmshim: suspend failed"); !strings.Contains(line, "did not finish within 6.7 s") {
+		t.Errorf("the log says %q, want the save's bound", line)
+	}
+	vm.waitLog(ctx, t, markerACPI)
+	volumeHolds("after a save past its bound")
+	p.remove(t)
+	assertNothingLeftCRI(t, vm.id)
+
+	// The shim killed during a save: the cut-off state is never
+	// resumed, and the next create removes it.
+	p, vm = boots("fault-kill", 1, suspend)
+	throttleWrites(t, qemuOf(vm), dev, 1<<20)
+	shim := shimPidOf(t, p.id)
+	stopped := make(chan error, 1)
+	go func() {
+		_, err := c.runtime.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: vm.id, Timeout: 60})
+		stopped <- err
+	}()
+	waitGone(ctx, t, "a save under way", func() bool {
+		_, err := os.Stat(state + ".part")
+		return err == nil
+	})
+	if err := unix.Kill(shim, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("StopContainer with the shim killed: %v", <-stopped)
+	vm.waitExited(ctx, t)
+	volumeHolds("after the shim was killed during the save", "vmshim-state.part")
+	p.remove(t)
+	assertNothingLeftCRI(t, vm.id)
+
+	// A whole save, resumed by nothing that differs from the VM it was
+	// saved from.
+	p, vm = boots("fault-save", 2, suspend)
+	volumeHolds("once the next VM runs")
+	vm.stop(ctx, t, 60)
+	vm.waitLog(ctx, t, "vmshim: suspended:")
+	p.remove(t)
+	volumeHolds("after a save", "vmshim-state")
+	refused("fault-vcpus", map[string]string{"vmshim.io/vcpus": "2"}, "holds a state saved", "from another VM: this one has 2 vCPUs, not 1")
+	volumeHolds("after a refusal", "vmshim-state")
+
+	fi, err := os.Stat(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(state, fi.Size()-1); err != nil {
+		t.Fatal(err)
+	}
+	refused("fault-short", nil, "cut short or changed")
+	p, vm = boots("fault-boot", 3, map[string]string{"vmshim.io/on-resume-error": "boot", "vmshim.io/on-stop": "suspend"})
+	t.Logf("%s", vm.waitLog(ctx, t, "cannot be resumed and is removed"))
+	volumeHolds("after a state was removed to boot")
+
+	// A state QEMU refuses: its stream's first bytes overwritten.
+	vm.stop(ctx, t, 60)
+	vm.waitLog(ctx, t, "vmshim: suspended:")
+	p.remove(t)
+	f, err := os.OpenFile(state, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("VMSHIM!!"), 4096); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	refused("fault-corrupt", map[string]string{"vmshim.io/on-resume-error": "boot"}, "resume the saved state", "the next start boots the disk")
+	volumeHolds("after QEMU refused the state")
+	p, vm = boots("fault-after", 4, nil)
+	p.remove(t)
+	assertNothingLeftCRI(t, vm.id)
 }
