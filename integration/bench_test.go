@@ -31,6 +31,15 @@ const (
 	envBenchOut     = "VMSHIM_BENCH_OUT"     // directory for bench.json and density.svg
 	envBenchDensity = "VMSHIM_BENCH_DENSITY" // pod counts of the density runs, "1,10,25,50" by default
 	envBenchRuns    = "VMSHIM_BENCH_RUNS"    // samples of each start and teardown figure, 5 by default
+	envBenchOnly    = "VMSHIM_BENCH_ONLY"    // the sections to run, comma-separated; all by default
+)
+
+// The sections of the bench, in the order they run.
+const (
+	sectionStart   = "start"   // VM pod starts, their memory and teardown; jail, microvm, firmware, bare QEMU
+	sectionRunc    = "runc"    // the runc shim's memory
+	sectionDensity = "density" // pods started at once
+	sectionCold    = "cold"    // pods started at once from an image not unpacked
 )
 
 // More markers of the test guest (integration/guest/init.sh).
@@ -56,14 +65,24 @@ func TestBench(t *testing.T) {
 	runs, sizes := envInts(t, envBenchRuns, "5"), envInts(t, envBenchDensity, "1,10,25,50")
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Minute)
 	defer cancel()
-	r, began, c := newBenchReport(runs[0]), time.Now(), newCRI(t, env.daemon)
+	r, began, c := newBenchReport(runs[0], envSections(t)), time.Now(), newCRI(t, env.daemon)
 
-	r.BareArgv = benchStarts(ctx, t, c, runs[0], r)
-	r.RuncShim, r.RuncNote = benchRuncShim(ctx, t)
-	for _, n := range sizes {
-		r.Density = append(r.Density, benchDensity(ctx, t, c, "density", n))
+	if r.ran(sectionStart) {
+		r.BareArgv = benchStarts(ctx, t, c, runs[0], r)
 	}
-	r.Cold = benchCold(ctx, t, c, coldPods)
+	if r.ran(sectionRunc) {
+		r.RuncShim, r.RuncNote = benchRuncShim(ctx, t)
+	} else {
+		r.RuncNote = "not run (" + envBenchOnly + ")"
+	}
+	if r.ran(sectionDensity) {
+		for _, n := range sizes {
+			r.Density = append(r.Density, benchDensity(ctx, t, c, "density", n))
+		}
+	}
+	if r.ran(sectionCold) {
+		r.Cold = benchCold(ctx, t, c, coldPods)
+	}
 	r.Seconds = time.Since(began).Seconds()
 	if err := r.write(outDir); err != nil {
 		t.Errorf("write results: %v", err)
@@ -79,6 +98,24 @@ func envInts(t *testing.T, name, def string) (out []int) {
 			t.Fatalf("%s=%q: want positive numbers like %s", name, spec, def)
 		}
 		out = append(out, n)
+	}
+	return out
+}
+
+// envSections reads the sections to run from VMSHIM_BENCH_ONLY: names
+// of the sections, comma-separated, or all of them when it is unset.
+func envSections(t *testing.T) []string {
+	all := []string{sectionStart, sectionRunc, sectionDensity, sectionCold}
+	spec := os.Getenv(envBenchOnly)
+	if spec == "" {
+		return all
+	}
+	var out []string
+	for _, f := range strings.Split(spec, ",") {
+		if f = strings.TrimSpace(f); !slices.Contains(all, f) {
+			t.Fatalf("%s=%q: %q is none of the sections %s", envBenchOnly, spec, f, strings.Join(all, ", "))
+		}
+		out = append(out, f)
 	}
 	return out
 }
