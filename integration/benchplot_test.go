@@ -98,6 +98,10 @@ type tableRow struct {
 	Figure string   `json:"figure"`
 	Value  *float64 `json:"value"` // nil when not measured
 	Unit   string   `json:"unit"`
+	// Min and Max are the least and greatest sample of a median, for
+	// the figures that show them.
+	Min    *float64 `json:"min,omitempty"`
+	Max    *float64 `json:"max,omitempty"`
 	Target string   `json:"target,omitempty"`
 	Gap    string   `json:"gap,omitempty"`
 }
@@ -126,9 +130,11 @@ type benchReport struct {
 	Forced        []teardownSample `json:"teardown_forced"`
 	Density       []densityPoint   `json:"density"`
 	// Cold is coldPods pods started at once from an image not unpacked yet.
-	Cold    *densityPoint `json:"cold_image,omitempty"`
-	Seconds float64       `json:"duration_s"`
-	Summary []tableRow    `json:"summary"`
+	Cold *densityPoint `json:"cold_image,omitempty"`
+	// Suspend are VMs suspended onto a root-disk volume and resumed.
+	Suspend []suspendSample `json:"suspend"`
+	Seconds float64         `json:"duration_s"`
+	Summary []tableRow      `json:"summary"`
 }
 
 // newBenchReport starts a report of the sections given with what
@@ -185,6 +191,9 @@ func (r *benchReport) rows() []tableRow {
 	if r.ran(sectionStart) {
 		r.teardownRows(&tab)
 	}
+	if r.ran(sectionSuspend) {
+		r.suspendRows(&tab)
+	}
 	return tab
 }
 
@@ -198,6 +207,16 @@ func (tab *summary) add(figure string, v float64, unit, target, gap string) {
 		row.Value = &v
 	}
 	*tab = append(*tab, row)
+}
+
+// spread adds the median of vs, with their least and greatest.
+func (tab *summary) spread(figure string, vs []float64, unit string) {
+	tab.add(figure, median(vs, func(v float64) float64 { return v }), unit, "", "")
+	if len(vs) > 0 {
+		row := &(*tab)[len(*tab)-1]
+		lo, hi := math.Round(slices.Min(vs)*10)/10, math.Round(slices.Max(vs)*10)/10
+		row.Min, row.Max = &lo, &hi
+	}
 }
 
 // below adds a figure that should stay under target.
@@ -346,13 +365,16 @@ func gapBelow(value, target float64, unit string) string {
 func formatTable(rows []tableRow) string {
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 1, ' ', tabwriter.Debug)
-	fmt.Fprintln(w, "figure\t value\t target\t gap\n------\t -----\t ------\t ---")
+	fmt.Fprintln(w, "figure\t value\t min–max\t target\t gap\n------\t -----\t -------\t ------\t ---")
 	for _, r := range rows {
-		v := "n/a"
+		v, spread := "n/a", "-"
 		if r.Value != nil {
 			v = fmt.Sprintf("%.1f %s", *r.Value, r.Unit)
 		}
-		fmt.Fprintf(w, "%s\t %s\t %s\t %s\n", r.Figure, v, r.Target, r.Gap)
+		if r.Min != nil && r.Max != nil {
+			spread = fmt.Sprintf("%.1f–%.1f", *r.Min, *r.Max)
+		}
+		fmt.Fprintf(w, "%s\t %s\t %s\t %s\t %s\n", r.Figure, v, spread, r.Target, r.Gap)
 	}
 	_ = w.Flush() // a strings.Builder takes every write
 	return b.String()
