@@ -31,6 +31,16 @@ const (
 	envBenchOut     = "VMSHIM_BENCH_OUT"     // directory for bench.json and density.svg
 	envBenchDensity = "VMSHIM_BENCH_DENSITY" // pod counts of the density runs, "1,10,25,50" by default
 	envBenchRuns    = "VMSHIM_BENCH_RUNS"    // samples of each start and teardown figure, 5 by default
+	envBenchOnly    = "VMSHIM_BENCH_ONLY"    // the sections to run, comma-separated; all by default
+)
+
+// The sections of the bench, in the order they run.
+const (
+	sectionStart   = "start"   // VM pod starts, their memory and teardown; jail, microvm, firmware, bare QEMU
+	sectionRunc    = "runc"    // the runc shim's memory
+	sectionDensity = "density" // pods started at once
+	sectionCold    = "cold"    // pods started at once from an image not unpacked
+	sectionSuspend = "suspend" // VMs suspended onto a volume at a stop and resumed
 )
 
 // More markers of the test guest (integration/guest/init.sh).
@@ -56,14 +66,27 @@ func TestBench(t *testing.T) {
 	runs, sizes := envInts(t, envBenchRuns, "5"), envInts(t, envBenchDensity, "1,10,25,50")
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Minute)
 	defer cancel()
-	r, began, c := newBenchReport(runs[0]), time.Now(), newCRI(t, env.daemon)
+	r, began, c := newBenchReport(runs[0], envSections(t)), time.Now(), newCRI(t, env.daemon)
 
-	r.BareArgv = benchStarts(ctx, t, c, runs[0], r)
-	r.RuncShim, r.RuncNote = benchRuncShim(ctx, t)
-	for _, n := range sizes {
-		r.Density = append(r.Density, benchDensity(ctx, t, c, "density", n))
+	if r.ran(sectionStart) {
+		r.BareArgv = benchStarts(ctx, t, c, runs[0], r)
 	}
-	r.Cold = benchCold(ctx, t, c, coldPods)
+	if r.ran(sectionRunc) {
+		r.RuncShim, r.RuncNote = benchRuncShim(ctx, t)
+	} else {
+		r.RuncNote = "not run (" + envBenchOnly + ")"
+	}
+	if r.ran(sectionDensity) {
+		for _, n := range sizes {
+			r.Density = append(r.Density, benchDensity(ctx, t, c, "density", n))
+		}
+	}
+	if r.ran(sectionCold) {
+		r.Cold = benchCold(ctx, t, c, coldPods)
+	}
+	if r.ran(sectionSuspend) {
+		r.Suspend = benchSuspend(ctx, t, c, runs[0])
+	}
 	r.Seconds = time.Since(began).Seconds()
 	if err := r.write(outDir); err != nil {
 		t.Errorf("write results: %v", err)
@@ -79,6 +102,24 @@ func envInts(t *testing.T, name, def string) (out []int) {
 			t.Fatalf("%s=%q: want positive numbers like %s", name, spec, def)
 		}
 		out = append(out, n)
+	}
+	return out
+}
+
+// envSections reads the sections to run from VMSHIM_BENCH_ONLY: names
+// of the sections, comma-separated, or all of them when it is unset.
+func envSections(t *testing.T) []string {
+	all := []string{sectionStart, sectionRunc, sectionDensity, sectionCold, sectionSuspend}
+	spec := os.Getenv(envBenchOnly)
+	if spec == "" {
+		return all
+	}
+	var out []string
+	for _, f := range strings.Split(spec, ",") {
+		if f = strings.TrimSpace(f); !slices.Contains(all, f) {
+			t.Fatalf("%s=%q: %q is none of the sections %s", envBenchOnly, spec, f, strings.Join(all, ", "))
+		}
+		out = append(out, f)
 	}
 	return out
 }
@@ -146,7 +187,7 @@ func benchStarts(ctx context.Context, t *testing.T, c *cri, runs int, r *benchRe
 	// The same kernel boots on the microvm machine, and one's memory.
 	for i := 0; i < runs; i++ {
 		v, err := bootBenchVM(ctx, t, c, fmt.Sprintf("bench-microvm-%d", i), runtimeHandler, imageKernelWait,
-			map[string]string{config.AnnotationMachine: config.MachineMicroVM}, markerBooted, benchMarkUptime, benchMarkLease)
+			withAnnotations(map[string]string{config.AnnotationMachine: config.MachineMicroVM}), markerBooted, benchMarkUptime, benchMarkLease)
 		if err != nil {
 			t.Errorf("start microvm pod: %v", err)
 			continue
@@ -174,7 +215,7 @@ func benchStarts(ctx context.Context, t *testing.T, c *cri, runs int, r *benchRe
 		}{{"bios", imageDiskWait, nil, &r.StartBIOS}, {"uefi", imageDiskUEFI, map[string]string{annotationFirmware: "uefi"}, &r.StartUEFI}} {
 			// Each pod has a log directory of its own: a marker in another
 			// pod's log would end the wait at once.
-			v, err := bootBenchVM(ctx, t, c, fmt.Sprintf("bench-fw-%s-%d", fw.name, i), runtimeHandler, fw.image, fw.ann, markerBooted, benchMarkUptime)
+			v, err := bootBenchVM(ctx, t, c, fmt.Sprintf("bench-fw-%s-%d", fw.name, i), runtimeHandler, fw.image, withAnnotations(fw.ann), markerBooted, benchMarkUptime)
 			if err != nil {
 				t.Errorf("start disk pod: %v", err)
 				continue
@@ -200,11 +241,12 @@ type benchVM struct {
 }
 
 // bootBenchVM runs a pod sandbox with the runtime handler given ("" is
-// runc), starts a container of image in it with the calls the kubelet
-// makes and waits for the markers on its console. It reports failure
-// rather than failing the test, so goroutines may call it; a pod that
-// fails is removed at once (a guest that panicked spins on the CPU).
-func bootBenchVM(ctx context.Context, t *testing.T, c *cri, name, handler, image string, ann map[string]string, markers ...string) (_ *benchVM, retErr error) {
+// runc), starts a container of image in it, its config changed by edit
+// (nil for none), with the calls the kubelet makes and waits for the
+// markers on its console. It reports failure rather than failing the
+// test, so goroutines may call it; a pod that fails is removed at once (a
+// guest that panicked spins on the CPU).
+func bootBenchVM(ctx context.Context, t *testing.T, c *cri, name, handler, image string, edit func(*runtimeapi.ContainerConfig), markers ...string) (_ *benchVM, retErr error) {
 	uid := uniqueID(t)
 	cfg := &runtimeapi.PodSandboxConfig{
 		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Uid: uid, Namespace: "default"},
@@ -226,7 +268,10 @@ func bootBenchVM(ctx context.Context, t *testing.T, c *cri, name, handler, image
 	}()
 	ccfg := &runtimeapi.ContainerConfig{
 		Metadata: &runtimeapi.ContainerMetadata{Name: "c"}, Image: &runtimeapi.ImageSpec{Image: image},
-		LogPath: "c.log", Annotations: ann,
+		LogPath: "c.log",
+	}
+	if edit != nil {
+		edit(ccfg)
 	}
 	v.create0 = time.Now()
 	created, err := c.runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: v.p.id, Config: ccfg, SandboxConfig: cfg})
@@ -261,6 +306,11 @@ func bootBenchVM(ctx context.Context, t *testing.T, c *cri, name, handler, image
 		}
 	}
 	return v, nil
+}
+
+// withAnnotations is a container config edit that sets its annotations.
+func withAnnotations(ann map[string]string) func(*runtimeapi.ContainerConfig) {
+	return func(cfg *runtimeapi.ContainerConfig) { cfg.Annotations = ann }
 }
 
 // teardown stops and removes the pod as the kubelet does, StopContainer
@@ -374,7 +424,7 @@ func benchDensity(ctx context.Context, t *testing.T, c *cri, prefix string, n in
 	t0 := time.Now()
 	for i := range n {
 		wg.Go(func() {
-			vms[i], errs[i] = bootBenchVM(bootCtx, t, c, fmt.Sprintf("%s-%d-%d", prefix, n, i), runtimeHandler, imageKernelWait, ann, markerBooted)
+			vms[i], errs[i] = bootBenchVM(bootCtx, t, c, fmt.Sprintf("%s-%d-%d", prefix, n, i), runtimeHandler, imageKernelWait, withAnnotations(ann), markerBooted)
 		})
 	}
 	wg.Wait()

@@ -98,6 +98,10 @@ type tableRow struct {
 	Figure string   `json:"figure"`
 	Value  *float64 `json:"value"` // nil when not measured
 	Unit   string   `json:"unit"`
+	// Min and Max are the least and greatest sample of a median, for
+	// the figures that show them.
+	Min    *float64 `json:"min,omitempty"`
+	Max    *float64 `json:"max,omitempty"`
 	Target string   `json:"target,omitempty"`
 	Gap    string   `json:"gap,omitempty"`
 }
@@ -106,7 +110,9 @@ type tableRow struct {
 type benchReport struct {
 	Machine map[string]string `json:"machine"`
 	Runs    int               `json:"runs"`
-	Start   []startSample     `json:"start"`
+	// Sections are those that ran (VMSHIM_BENCH_ONLY).
+	Sections []string      `json:"sections"`
+	Start    []startSample `json:"start"`
 	// StartNoJail are starts with config jail = false, for the jail's cost.
 	StartNoJail []startSample `json:"start_no_jail"`
 	// StartBIOS and StartUEFI are disk boots through SeaBIOS and OVMF.
@@ -124,16 +130,19 @@ type benchReport struct {
 	Forced        []teardownSample `json:"teardown_forced"`
 	Density       []densityPoint   `json:"density"`
 	// Cold is coldPods pods started at once from an image not unpacked yet.
-	Cold    *densityPoint `json:"cold_image,omitempty"`
-	Seconds float64       `json:"duration_s"`
-	Summary []tableRow    `json:"summary"`
+	Cold *densityPoint `json:"cold_image,omitempty"`
+	// Suspend are VMs suspended onto a root-disk volume and resumed.
+	Suspend []suspendSample `json:"suspend"`
+	Seconds float64         `json:"duration_s"`
+	Summary []tableRow      `json:"summary"`
 }
 
-// newBenchReport starts a report with what describes the machine.
-func newBenchReport(runs int) *benchReport {
+// newBenchReport starts a report of the sections given with what
+// describes the machine.
+func newBenchReport(runs int, sections []string) *benchReport {
 	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
 	qemuVersion, _ := exec.Command("qemu-system-x86_64", "-version").Output()
-	return &benchReport{Runs: runs, Machine: map[string]string{
+	return &benchReport{Runs: runs, Sections: sections, Machine: map[string]string{
 		"cpus":   fmt.Sprint(runtime.NumCPU()),
 		"kernel": strings.TrimSpace(string(kernel)),
 		"qemu":   strings.SplitN(string(qemuVersion), "\n", 2)[0],
@@ -156,7 +165,11 @@ func (r *benchReport) write(dir string) error {
 	if err != nil {
 		return err
 	}
-	for name, body := range map[string][]byte{"bench.json": data, "bench.txt": []byte(table), "density.svg": []byte(densitySVG(r.Density))} {
+	files := map[string][]byte{"bench.json": data, "bench.txt": []byte(table)}
+	if len(r.Density) > 0 {
+		files["density.svg"] = []byte(densitySVG(r.Density))
+	}
+	for name, body := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), body, 0o644); err != nil {
 			return err
 		}
@@ -164,23 +177,60 @@ func (r *benchReport) write(dir string) error {
 	return nil
 }
 
-// rows sums the samples up into the table's figures, medians of the runs.
+// ran reports whether section ran.
+func (r *benchReport) ran(section string) bool { return slices.Contains(r.Sections, section) }
+
+// rows sums the samples up into the table's figures, medians of the runs,
+// for the sections that ran.
 func (r *benchReport) rows() []tableRow {
-	var rows []tableRow
-	add := func(figure string, v float64, unit, target, gap string) {
-		row := tableRow{Figure: figure, Unit: unit, Target: cmp.Or(target, "-"), Gap: cmp.Or(gap, "-")}
-		if v = math.Round(v*10) / 10; finite(v) {
-			row.Value = &v
-		}
-		rows = append(rows, row)
+	var tab summary
+	if r.ran(sectionStart) {
+		r.startRows(&tab)
 	}
-	below := func(figure string, v float64, unit string, target float64) {
-		add(figure, v, unit, fmt.Sprintf("< %g %s", target, unit), gapBelow(v, target, unit))
+	r.densityRows(&tab)
+	if r.ran(sectionStart) {
+		r.teardownRows(&tab)
 	}
+	if r.ran(sectionSuspend) {
+		r.suspendRows(&tab)
+	}
+	return tab
+}
+
+// summary is the table's rows, as they are added.
+type summary []tableRow
+
+// add adds a figure with its target and gap ("" for none).
+func (tab *summary) add(figure string, v float64, unit, target, gap string) {
+	row := tableRow{Figure: figure, Unit: unit, Target: cmp.Or(target, "-"), Gap: cmp.Or(gap, "-")}
+	if v = math.Round(v*10) / 10; finite(v) {
+		row.Value = &v
+	}
+	*tab = append(*tab, row)
+}
+
+// spread adds the median of vs, with their least and greatest.
+func (tab *summary) spread(figure string, vs []float64, unit string) {
+	tab.add(figure, median(vs, func(v float64) float64 { return v }), unit, "", "")
+	if len(vs) > 0 {
+		row := &(*tab)[len(*tab)-1]
+		lo, hi := math.Round(slices.Min(vs)*10)/10, math.Round(slices.Max(vs)*10)/10
+		row.Min, row.Max = &lo, &hi
+	}
+}
+
+// below adds a figure that should stay under target.
+func (tab *summary) below(figure string, v float64, unit string, target float64) {
+	tab.add(figure, v, unit, fmt.Sprintf("< %g %s", target, unit), gapBelow(v, target, unit))
+}
+
+// startRows adds the start, jail, firmware, microvm, bare QEMU and
+// memory figures of benchStarts' pods (and the runc shim's).
+func (r *benchReport) startRows(tab *summary) {
 	st := func(f func(startSample) float64) float64 { return median(r.Start, f) }
-	add("start: RunPodSandbox", st(func(s startSample) float64 { return s.RunPodSandbox }), "ms", "", "")
-	add("start: CreateContainer", st(func(s startSample) float64 { return s.CreateContainer }), "ms", "", "")
-	add("start: StartContainer", st(func(s startSample) float64 { return s.StartContainer }), "ms", "", "")
+	tab.add("start: RunPodSandbox", st(func(s startSample) float64 { return s.RunPodSandbox }), "ms", "", "")
+	tab.add("start: CreateContainer", st(func(s startSample) float64 { return s.CreateContainer }), "ms", "", "")
+	tab.add("start: StartContainer", st(func(s startSample) float64 { return s.StartContainer }), "ms", "", "")
 	for _, f := range []struct {
 		name string
 		at   func(startSample) float64
@@ -190,46 +240,46 @@ func (r *benchReport) rows() []tableRow {
 		{"ready (GUEST-BOOTED)", func(s startSample) float64 { return s.Ready }},
 		{"DHCP lease", func(s startSample) float64 { return s.Lease }},
 	} {
-		add("start: CreateContainer call → "+f.name, st(f.at), "ms", "", "")
+		tab.add("start: CreateContainer call → "+f.name, st(f.at), "ms", "", "")
 	}
 	for _, step := range spanSteps {
 		name := "start breakdown: " + step
 		if spanPhase(step) {
 			name = "start breakdown:   qemu: " + strings.TrimPrefix(step, "qemu ")
 		}
-		add(name, st(func(s startSample) float64 { return s.Spans[step] }), "ms", "", "")
+		tab.add(name, st(func(s startSample) float64 { return s.Spans[step] }), "ms", "", "")
 	}
-	add("start breakdown: the shim's steps in all", st(func(s startSample) float64 { return spanTotal(s.Spans) }), "ms", "", "")
-	below("shim-added start latency, its own work (steps less QEMU's exec and start-up)", st(func(s startSample) float64 { return spanOwn(s.Spans) }), "ms", 30)
+	tab.add("start breakdown: the shim's steps in all", st(func(s startSample) float64 { return spanTotal(s.Spans) }), "ms", "", "")
+	tab.below("shim-added start latency, its own work (steps less QEMU's exec and start-up)", st(func(s startSample) float64 { return spanOwn(s.Spans) }), "ms", 30)
 	nj := func(f func(startSample) float64) float64 { return median(r.StartNoJail, f) }
 	exec := func(s startSample) float64 { return s.QEMUExec }
 	ready := func(s startSample) float64 { return s.Ready - s.GuestUptime }
-	add("start, jail off: CreateContainer call → QEMU exec", nj(exec), "ms", "", "")
-	add("jail cost: CreateContainer call → QEMU exec, on − off", st(exec)-nj(exec), "ms", "", "")
-	add("jail cost: CreateContainer call → guest running, on − off", st(ready)-nj(ready), "ms", "", "")
+	tab.add("start, jail off: CreateContainer call → QEMU exec", nj(exec), "ms", "", "")
+	tab.add("jail cost: CreateContainer call → QEMU exec, on − off", st(exec)-nj(exec), "ms", "", "")
+	tab.add("jail cost: CreateContainer call → guest running, on − off", st(ready)-nj(ready), "ms", "", "")
 	fwReady := func(ss []startSample) float64 { return median(ss, func(s startSample) float64 { return s.Ready }) }
-	add("start, disk with SeaBIOS: CreateContainer call → ready", fwReady(r.StartBIOS), "ms", "", "")
-	add("start, disk with OVMF (uefi): CreateContainer call → ready", fwReady(r.StartUEFI), "ms", "", "")
-	add("UEFI cost: OVMF − SeaBIOS, CreateContainer call → ready", fwReady(r.StartUEFI)-fwReady(r.StartBIOS), "ms", "", "")
-	add("start: the guest's own boot (its uptime at BOOTED)", st(func(s startSample) float64 { return s.GuestUptime }), "ms", "", "")
+	tab.add("start, disk with SeaBIOS: CreateContainer call → ready", fwReady(r.StartBIOS), "ms", "", "")
+	tab.add("start, disk with OVMF (uefi): CreateContainer call → ready", fwReady(r.StartUEFI), "ms", "", "")
+	tab.add("UEFI cost: OVMF − SeaBIOS, CreateContainer call → ready", fwReady(r.StartUEFI)-fwReady(r.StartBIOS), "ms", "", "")
+	tab.add("start: the guest's own boot (its uptime at BOOTED)", st(func(s startSample) float64 { return s.GuestUptime }), "ms", "", "")
 	mv := func(f func(startSample) float64) float64 { return median(r.StartMicroVM, f) }
-	add("microvm: CreateContainer call → ready", mv(func(s startSample) float64 { return s.Ready }), "ms", "", "")
-	add("microvm: CreateContainer call → first console line", mv(func(s startSample) float64 { return s.FirstConsole }), "ms", "", "")
-	add("microvm − q35: CreateContainer call → ready", mv(func(s startSample) float64 { return s.Ready })-st(func(s startSample) float64 { return s.Ready }), "ms", "", "")
-	add("microvm: QEMU start-up (QMP greeting)", mv(func(s startSample) float64 { return s.Spans["qmp greeting"] }), "ms", "", "")
-	add("microvm: host overhead per VM pod", median(r.MicroVMMemory, func(m podMemory) float64 { return float64(m.overheadKiB()) / 1024 }), "MiB", "", "")
+	tab.add("microvm: CreateContainer call → ready", mv(func(s startSample) float64 { return s.Ready }), "ms", "", "")
+	tab.add("microvm: CreateContainer call → first console line", mv(func(s startSample) float64 { return s.FirstConsole }), "ms", "", "")
+	tab.add("microvm − q35: CreateContainer call → ready", mv(func(s startSample) float64 { return s.Ready })-st(func(s startSample) float64 { return s.Ready }), "ms", "", "")
+	tab.add("microvm: QEMU start-up (QMP greeting)", mv(func(s startSample) float64 { return s.Spans["qmp greeting"] }), "ms", "", "")
+	tab.add("microvm: host overhead per VM pod", median(r.MicroVMMemory, func(m podMemory) float64 { return float64(m.overheadKiB()) / 1024 }), "MiB", "", "")
 	paired := slices.DeleteFunc(slices.Clone(r.Start), func(s startSample) bool { return s.Bare == nil })
 	pair := func(f func(s startSample, b bareSample) float64) float64 {
 		return median(paired, func(s startSample) float64 { return f(s, *s.Bare) })
 	}
-	add("bare QEMU: exec → first console line", pair(func(_ startSample, b bareSample) float64 { return b.FirstConsole }), "ms", "", "")
-	add("bare QEMU: exec → ready (GUEST-BOOTED)", pair(func(_ startSample, b bareSample) float64 { return b.Ready }), "ms", "", "")
-	add("bare QEMU: the guest's own boot", pair(func(_ startSample, b bareSample) float64 { return b.GuestUptime }), "ms", "", "")
-	below("shim-added start latency, end to end", pair(func(s startSample, b bareSample) float64 { return s.Ready - b.Ready }), "ms", 50)
-	below("shim-added start latency, before the guest runs", pair(func(s startSample, b bareSample) float64 {
+	tab.add("bare QEMU: exec → first console line", pair(func(_ startSample, b bareSample) float64 { return b.FirstConsole }), "ms", "", "")
+	tab.add("bare QEMU: exec → ready (GUEST-BOOTED)", pair(func(_ startSample, b bareSample) float64 { return b.Ready }), "ms", "", "")
+	tab.add("bare QEMU: the guest's own boot", pair(func(_ startSample, b bareSample) float64 { return b.GuestUptime }), "ms", "", "")
+	tab.below("shim-added start latency, end to end", pair(func(s startSample, b bareSample) float64 { return s.Ready - b.Ready }), "ms", 50)
+	tab.below("shim-added start latency, before the guest runs", pair(func(s startSample, b bareSample) float64 {
 		return (s.Ready - s.GuestUptime) - (b.Ready - b.GuestUptime)
 	}), "ms", 30)
-	add("start ratio, end to end: shim path / bare QEMU", pair(func(s startSample, b bareSample) float64 { return s.Ready / b.Ready }), "×", "", "")
+	tab.add("start ratio, end to end: shim path / bare QEMU", pair(func(s startSample, b bareSample) float64 { return s.Ready / b.Ready }), "×", "", "")
 
 	mem := func(f func(podMemory) int) float64 {
 		return median(r.PodMemory, func(m podMemory) float64 { return float64(f(m)) / 1024 })
@@ -238,22 +288,25 @@ func (r *benchReport) rows() []tableRow {
 	shimRSS := mem(func(m podMemory) int { return m.Shim.RSSKiB })
 	if r.RuncShim != nil {
 		runcPSS, runcRSS := float64(r.RuncShim.PSSKiB)/1024, float64(r.RuncShim.RSSKiB)/1024
-		add("vm shim RSS", shimRSS, "MiB", fmt.Sprintf("≤ runc shim (%.1f MiB)", runcRSS), gapBelow(shimRSS, runcRSS, "MiB"))
-		add("vm shim PSS", shimPSS, "MiB", fmt.Sprintf("≤ runc shim (%.1f MiB)", runcPSS), gapBelow(shimPSS, runcPSS, "MiB"))
-		add("runc shim RSS", float64(r.RuncShim.RSSKiB)/1024, "MiB", "", "")
-		add("runc shim PSS", runcPSS, "MiB", "", "")
+		tab.add("vm shim RSS", shimRSS, "MiB", fmt.Sprintf("≤ runc shim (%.1f MiB)", runcRSS), gapBelow(shimRSS, runcRSS, "MiB"))
+		tab.add("vm shim PSS", shimPSS, "MiB", fmt.Sprintf("≤ runc shim (%.1f MiB)", runcPSS), gapBelow(shimPSS, runcPSS, "MiB"))
+		tab.add("runc shim RSS", float64(r.RuncShim.RSSKiB)/1024, "MiB", "", "")
+		tab.add("runc shim PSS", runcPSS, "MiB", "", "")
 	} else {
-		add("vm shim RSS", shimRSS, "MiB", "≤ runc shim", "n/a: "+r.RuncNote)
-		add("vm shim PSS", shimPSS, "MiB", "≤ runc shim", "n/a: "+r.RuncNote)
+		tab.add("vm shim RSS", shimRSS, "MiB", "≤ runc shim", "n/a: "+r.RuncNote)
+		tab.add("vm shim PSS", shimPSS, "MiB", "≤ runc shim", "n/a: "+r.RuncNote)
 	}
-	add("VM pod: QEMU RSS", mem(func(m podMemory) int { return m.QEMU.RSSKiB }), "MiB", "", "")
-	add("VM pod: QEMU PSS", mem(func(m podMemory) int { return m.QEMU.PSSKiB }), "MiB", "", "")
-	add("VM pod: guest RAM touched", mem(func(m podMemory) int { return m.GuestKiB }), "MiB", "", "")
-	add("VM pod: QEMU beyond guest RAM (PSS)", mem(func(m podMemory) int { return m.QEMU.PSSKiB - m.GuestKiB }), "MiB", "", "")
-	add("VM pod: QEMU beyond guest RAM, anonymous only", mem(func(m podMemory) int { return m.QEMU.AnonKiB - m.GuestKiB }), "MiB", "", "")
-	add("VM pod: pause PSS", mem(func(m podMemory) int { return m.Pause.PSSKiB }), "MiB", "", "")
-	below("host overhead per VM pod", mem(podMemory.overheadKiB), "MiB", 90)
+	tab.add("VM pod: QEMU RSS", mem(func(m podMemory) int { return m.QEMU.RSSKiB }), "MiB", "", "")
+	tab.add("VM pod: QEMU PSS", mem(func(m podMemory) int { return m.QEMU.PSSKiB }), "MiB", "", "")
+	tab.add("VM pod: guest RAM touched", mem(func(m podMemory) int { return m.GuestKiB }), "MiB", "", "")
+	tab.add("VM pod: QEMU beyond guest RAM (PSS)", mem(func(m podMemory) int { return m.QEMU.PSSKiB - m.GuestKiB }), "MiB", "", "")
+	tab.add("VM pod: QEMU beyond guest RAM, anonymous only", mem(func(m podMemory) int { return m.QEMU.AnonKiB - m.GuestKiB }), "MiB", "", "")
+	tab.add("VM pod: pause PSS", mem(func(m podMemory) int { return m.Pause.PSSKiB }), "MiB", "", "")
+	tab.below("host overhead per VM pod", mem(podMemory.overheadKiB), "MiB", 90)
+}
 
+// densityRows adds the figures of each density run and the cold image's.
+func (r *benchReport) densityRows(tab *summary) {
 	for i := range r.Density {
 		d := &r.Density[i]
 		ratio := d.ProcessesPerPodMiB / r.Density[0].ProcessesPerPodMiB
@@ -264,11 +317,11 @@ func (r *benchReport) rows() []tableRow {
 		if d.Failed > 0 {
 			failed = fmt.Sprintf("%d pods failed (%d guests panicked or hung)", d.Failed, d.NoBoot)
 		}
-		add(p+"all ready", d.AllReadyS, "s", "", failed)
-		add(p+"memory per pod (processes)", d.ProcessesPerPodMiB, "MiB", "", "")
-		add(p+"memory per pod (MemAvailable)", d.MemAvailablePerPodMiB, "MiB", "", "")
-		below(p+"overhead per pod", d.OverheadPerPodMiB, "MiB", 90)
-		add(p+fmt.Sprintf("per-pod cost vs N=%d", r.Density[0].Pods), ratio, "×", "≤ 1.10× (flat)", gapBelow(ratio, 1.10, "×"))
+		tab.add(p+"all ready", d.AllReadyS, "s", "", failed)
+		tab.add(p+"memory per pod (processes)", d.ProcessesPerPodMiB, "MiB", "", "")
+		tab.add(p+"memory per pod (MemAvailable)", d.MemAvailablePerPodMiB, "MiB", "", "")
+		tab.below(p+"overhead per pod", d.OverheadPerPodMiB, "MiB", 90)
+		tab.add(p+fmt.Sprintf("per-pod cost vs N=%d", r.Density[0].Pods), ratio, "×", "≤ 1.10× (flat)", gapBelow(ratio, 1.10, "×"))
 	}
 
 	if d := r.Cold; d != nil {
@@ -276,23 +329,25 @@ func (r *benchReport) rows() []tableRow {
 		if d.Failed > 0 {
 			failed = fmt.Sprintf("%d pods failed (%d guests panicked or hung)", d.Failed, d.NoBoot)
 		}
-		add(fmt.Sprintf("cold image (not unpacked), N=%d at once: all ready", d.Pods), d.AllReadyS, "s", "", failed)
+		tab.add(fmt.Sprintf("cold image (not unpacked), N=%d at once: all ready", d.Pods), d.AllReadyS, "s", "", failed)
 		for _, w := range r.Density {
 			if w.Pods == d.Pods {
-				add(fmt.Sprintf("cold image, N=%d: all ready, less the unpacked image's", d.Pods), d.AllReadyS-w.AllReadyS, "s", "", "")
+				tab.add(fmt.Sprintf("cold image, N=%d: all ready, less the unpacked image's", d.Pods), d.AllReadyS-w.AllReadyS, "s", "", "")
 			}
 		}
 	}
+}
 
+// teardownRows adds the graceful and forced teardowns of benchStarts' pods.
+func (r *benchReport) teardownRows(tab *summary) {
 	for i, samples := range [][]teardownSample{r.Graceful, r.Forced} {
 		m := func(f func(teardownSample) float64) float64 { return median(samples, f) }
 		p := "teardown " + []string{"graceful (StopContainer 30 s)", "forced (StopContainer 0 s)"}[i] + ": "
-		add(p+"StopContainer", m(func(s teardownSample) float64 { return s.StopContainer }), "ms", "", "")
-		add(p+"StopPodSandbox", m(func(s teardownSample) float64 { return s.StopPodSandbox }), "ms", "", "")
-		add(p+"RemovePodSandbox", m(func(s teardownSample) float64 { return s.RemovePodSandbox }), "ms", "", "")
-		below(p+"QEMU exit → RemovePodSandbox returns", m(func(s teardownSample) float64 { return s.AfterQEMUExit }), "ms", 300)
+		tab.add(p+"StopContainer", m(func(s teardownSample) float64 { return s.StopContainer }), "ms", "", "")
+		tab.add(p+"StopPodSandbox", m(func(s teardownSample) float64 { return s.StopPodSandbox }), "ms", "", "")
+		tab.add(p+"RemovePodSandbox", m(func(s teardownSample) float64 { return s.RemovePodSandbox }), "ms", "", "")
+		tab.below(p+"QEMU exit → RemovePodSandbox returns", m(func(s teardownSample) float64 { return s.AfterQEMUExit }), "ms", 300)
 	}
-	return rows
 }
 
 // gapBelow says how far value is above a target it should stay under.
@@ -310,13 +365,16 @@ func gapBelow(value, target float64, unit string) string {
 func formatTable(rows []tableRow) string {
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 1, ' ', tabwriter.Debug)
-	fmt.Fprintln(w, "figure\t value\t target\t gap\n------\t -----\t ------\t ---")
+	fmt.Fprintln(w, "figure\t value\t min–max\t target\t gap\n------\t -----\t -------\t ------\t ---")
 	for _, r := range rows {
-		v := "n/a"
+		v, spread := "n/a", "-"
 		if r.Value != nil {
 			v = fmt.Sprintf("%.1f %s", *r.Value, r.Unit)
 		}
-		fmt.Fprintf(w, "%s\t %s\t %s\t %s\n", r.Figure, v, r.Target, r.Gap)
+		if r.Min != nil && r.Max != nil {
+			spread = fmt.Sprintf("%.1f–%.1f", *r.Min, *r.Max)
+		}
+		fmt.Fprintf(w, "%s\t %s\t %s\t %s\t %s\n", r.Figure, v, spread, r.Target, r.Gap)
 	}
 	_ = w.Flush() // a strings.Builder takes every write
 	return b.String()
