@@ -25,6 +25,14 @@ const (
 	// maxExecInput bounds the stdin an exec may pass to the guest: the
 	// agent takes it whole, in one message, before the program starts.
 	maxExecInput = 1 << 20
+	// stdinWait is how long an exec waits for a writer of its stdin
+	// fifo: containerd's clients open theirs before the exec starts,
+	// and one that has not come by then never will (see readInput).
+	stdinWait = 2 * time.Second
+	// stdinRetry is how often, after CloseIO or stdinWait, the shim
+	// tries to open a writer of an exec's stdin fifo until its own read
+	// end is open.
+	stdinRetry = 10 * time.Millisecond
 	// agentCallTimeout bounds each guest agent call.
 	agentCallTimeout = 10 * time.Second
 	// killGrace is how long SIGKILL waits for the guest to report the
@@ -60,6 +68,9 @@ type execProcess struct {
 	starting bool          // start is calling the agent
 	ending   bool          // finish has claimed the exit
 	exited   chan struct{} // closed once stopped and, if it started, its exit queued
+
+	stdinEnd     chan struct{} // closed by CloseIO: containerd's client has no more input
+	stdinEndOnce sync.Once
 }
 
 // newExec validates an exec's process spec (JSON, as containerd sends it).
@@ -76,7 +87,7 @@ func newExec(ctx context.Context, taskID, id string, spec []byte, io stdio, agen
 	}
 	e := &execProcess{
 		id: id, taskID: taskID, args: p.Args, env: p.Env, stdio: io, agent: agent, pub: pub,
-		exited: make(chan struct{}),
+		exited: make(chan struct{}), stdinEnd: make(chan struct{}),
 	}
 	e.ctx, e.cancel = context.WithCancel(ctx)
 	e.outCtx, e.dropOutput = context.WithCancel(context.WithoutCancel(ctx))
@@ -227,8 +238,17 @@ func (e *execProcess) runWithInput() {
 }
 
 // readInput reads the stdin fifo until it ends, at most maxExecInput.
+// A client with no input at all may close its end of the fifo before it
+// was ever opened, and no writer ever comes: ctr's stdin from /dev/null
+// does, before it can send CloseIO. Once CloseIO says the input is
+// over, or no writer has come within stdinWait, the shim opens and
+// closes a writer itself, so that the open returns and the read ends
+// with what a writer wrote, if one did.
 func (e *execProcess) readInput() ([]byte, error) {
+	opened := make(chan struct{})
+	go e.unblockStdin(opened)
 	f, err := fifo.OpenFifo(e.ctx, e.stdio.stdin, syscall.O_RDONLY, 0)
+	close(opened)
 	if err != nil {
 		return nil, fmt.Errorf("open stdin: %w", err)
 	}
@@ -243,6 +263,38 @@ func (e *execProcess) readInput() ([]byte, error) {
 		return nil, fmt.Errorf("exec stdin is larger than %d bytes: %w", maxExecInput, errdefs.ErrInvalidArgument)
 	}
 	return b, nil
+}
+
+// unblockStdin waits for CloseIO or stdinWait, then opens and closes a
+// writer of the stdin fifo, every stdinRetry until the reader has opened
+// it (a writer that does not block needs a reader), or the exec ends.
+func (e *execProcess) unblockStdin(opened <-chan struct{}) {
+	wait := time.NewTimer(stdinWait)
+	defer wait.Stop()
+	select {
+	case <-e.stdinEnd:
+	case <-wait.C:
+	case <-opened:
+		return
+	case <-e.ctx.Done():
+		return
+	}
+	t := time.NewTicker(stdinRetry)
+	defer t.Stop()
+	for {
+		fd, err := unix.Open(e.stdio.stdin, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err == nil {
+			unix.Close(fd)
+			return
+		}
+		select {
+		case <-opened:
+			return
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // poll asks the agent about the program until it ends.
@@ -457,11 +509,14 @@ func (e *execProcess) resize(width, height uint32) error {
 }
 
 // closeStdin ends the input of the exec's terminal, which hangs up; an
-// exec without a terminal reads stdin until containerd closes its fifo.
+// exec without a terminal reads stdin until its fifo's writer closes it,
+// and, when no writer has opened it, no further (readInput).
 func (e *execProcess) closeStdin() {
 	if e.tty != nil {
 		e.tty.closeStdin()
+		return
 	}
+	e.stdinEndOnce.Do(func() { close(e.stdinEnd) })
 }
 
 // snapshot returns the exec's state, guest pid and exit.

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -422,6 +423,71 @@ func TestExecStdin(t *testing.T) {
 	}
 	cmds := agent.commandList()
 	if len(cmds) != 1 || string(cmds[0].Input) != "hello" {
+		t.Fatalf("agent ran %+v", cmds)
+	}
+}
+
+// TestExecStdinNeverOpened: a client with no input at all closes its end
+// of the stdin fifo before it was opened (ctr's stdin from /dev/null
+// does), then sends CloseIO, or does not: the program runs with no
+// input, instead of the exec waiting for a writer that never comes.
+// Input written before CloseIO is still read whole.
+func TestExecStdinNeverOpened(t *testing.T) {
+	agent := newFakeAgent()
+	agent.results["true"] = launch.GuestExecStatus{}
+	agent.results["cat"] = launch.GuestExecStatus{}
+	s, _, _ := execVM(t, agent)
+	ctx := context.Background()
+	stdin := mkfifo(t, "in")
+	if _, err := s.Exec(ctx, &taskAPI.ExecProcessRequest{ID: "vm1", ExecID: "e", Stdin: stdin, Spec: processSpec(t, specs.Process{Args: []string{"true"}})}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(ctx, &taskAPI.StartRequest{ID: "vm1", ExecID: "e"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CloseIO(ctx, &taskAPI.CloseIORequest{ID: "vm1", ExecID: "e", Stdin: true}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	wr, err := s.Wait(wctx, &taskAPI.WaitRequest{ID: "vm1", ExecID: "e"})
+	if err != nil || wr.ExitStatus != 0 {
+		t.Fatalf("wait: %v, %v", wr, err)
+	}
+
+	stdin2 := mkfifo(t, "in2")
+	in := openFifo(t, stdin2, os.O_WRONLY)
+	if _, err := s.Exec(ctx, &taskAPI.ExecProcessRequest{ID: "vm1", ExecID: "e2", Stdin: stdin2, Spec: processSpec(t, specs.Process{Args: []string{"cat"}})}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(ctx, &taskAPI.StartRequest{ID: "vm1", ExecID: "e2"}); err != nil {
+		t.Fatal(err)
+	}
+	f := receive(t, in, "stdin fifo")
+	if _, err := f.WriteString("late"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CloseIO(ctx, &taskAPI.CloseIORequest{ID: "vm1", ExecID: "e2", Stdin: true}); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if wr, err := s.Wait(wctx, &taskAPI.WaitRequest{ID: "vm1", ExecID: "e2"}); err != nil || wr.ExitStatus != 0 {
+		t.Fatalf("wait: %v, %v", wr, err)
+	}
+	// No CloseIO either (ctr's client can lose it): the exec runs with
+	// no input once stdinWait has passed without a writer.
+	stdin3 := mkfifo(t, "in3")
+	if _, err := s.Exec(ctx, &taskAPI.ExecProcessRequest{ID: "vm1", ExecID: "e3", Stdin: stdin3, Spec: processSpec(t, specs.Process{Args: []string{"true"}})}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(ctx, &taskAPI.StartRequest{ID: "vm1", ExecID: "e3"}); err != nil {
+		t.Fatal(err)
+	}
+	if wr, err := s.Wait(wctx, &taskAPI.WaitRequest{ID: "vm1", ExecID: "e3"}); err != nil || wr.ExitStatus != 0 {
+		t.Fatalf("wait: %v, %v", wr, err)
+	}
+	cmds := agent.commandList()
+	if len(cmds) != 3 || len(cmds[0].Input) != 0 || string(cmds[1].Input) != "late" || len(cmds[2].Input) != 0 {
 		t.Fatalf("agent ran %+v", cmds)
 	}
 }
