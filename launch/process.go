@@ -93,8 +93,9 @@ func (c *build) qemu(ctx context.Context) (err error) {
 		stderr.Close()
 		return err // the rollback stops QEMU
 	}
+	saver := c.newSaver()
 	c.vm = &qemuVM{proc: vm, limits: c.limits, console: c.console, rec: c.rec, stderr: stderr, hooks: c.hooks, oom: c.watchOOM(),
-		suspend: c.newSuspender(), relink: relink}
+		saver: saver, suspend: c.newSuspender(saver), relink: relink}
 	if c.vnc != nil {
 		c.vnc.vm.Store(vm)
 	}

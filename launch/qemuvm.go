@@ -8,9 +8,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/oom"
 	"github.com/vmshim/vmshim/qemu"
 )
@@ -27,6 +29,7 @@ type qemuVM struct {
 	hooks   *ociHooks
 	oom     *oom.Watcher // nil when the VM has no cgroup, or it could not be watched
 	resize  *resizer     // resizes the running VM; nil until it runs
+	saver   *saver       // saves the VM; nil for one without a filesystem root-disk volume
 	suspend *suspender   // saves the VM at a stop; nil for one that powers off
 	relink  *relinker    // brings a resumed guest's NICs back up; nil for a booted one
 
@@ -57,6 +60,16 @@ func (v *qemuVM) Powerdown(ctx context.Context) error {
 		return nil
 	}
 	return v.proc.Powerdown(ctx)
+}
+
+// Checkpoint saves the VM into dir, as a suspend saves it onto its
+// volume, and ends it: the checkpoint goes with the disk as it is now.
+func (v *qemuVM) Checkpoint(ctx context.Context, dir string) error {
+	if v.saver == nil {
+		return fmt.Errorf("checkpoint of a VM needs its root disk on a filesystem volume (%s): the checkpoint holds its memory, and the disk it goes with must outlive the container: %w",
+			config.AnnotationRootDiskVolume, errdefs.ErrNotImplemented)
+	}
+	return v.saver.checkpoint(ctx, v.proc, dir)
 }
 
 // Kill stops QEMU at once.

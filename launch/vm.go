@@ -62,6 +62,14 @@ type VM interface {
 	IOPause() (fmt.Stringer, <-chan struct{})
 }
 
+// Checkpointer is a VM that can be checkpointed: its state is written
+// into a directory containerd made (the task API's Checkpoint), and the
+// VM ends. A task created with that directory as its checkpoint resumes
+// it (Request.Checkpoint).
+type Checkpointer interface {
+	Checkpoint(ctx context.Context, dir string) error
+}
+
 // OOMCounter counts the OOM kills in a memory cgroup (see oom.Watcher).
 type OOMCounter interface {
 	// Events has a value after one or more kills; it is closed when the
@@ -141,6 +149,9 @@ type Request struct {
 	// Log writes a line into the container's log (its stdout) while it is
 	// made: how a download or a disk copy goes. Never nil.
 	Log func(line string)
+	// Checkpoint is a directory holding a checkpoint (Checkpointer) to
+	// resume instead of booting; "" for none.
+	Checkpoint string
 }
 
 // Launcher makes VMs.

@@ -122,17 +122,39 @@ func stateVolume(dir, name string) (volume, error) {
 	return volume{dir: d, name: name}, nil
 }
 
-// SavingState is a state being written on a volume.
+// SavingState is a state being written on a volume, or into a
+// checkpoint.
 type SavingState struct {
 	// File is where QEMU writes its stream, positioned after the header.
 	File *os.File
-	v    volume
+	v    volume  // where the state goes
+	disk *volume // the root disk's volume, when it is not v
 }
 
 // CreateState starts a state on the filesystem volume in dir (name is
 // the volume as the container sees it): stateTemp, made anew, its header
 // block reserved. Call it with the root disk claimed.
-func CreateState(dir, name string) (_ *SavingState, retErr error) {
+func CreateState(dir, name string) (*SavingState, error) {
+	return createState(dir, nil, name)
+}
+
+// CreateCheckpoint starts a state in the directory into (a checkpoint
+// of containerd's), of the VM whose root disk is on the filesystem
+// volume in dir: the state goes with that disk as the save leaves it,
+// as one on the volume does. OpenState(into, …) opens it.
+func CreateCheckpoint(into, dir, name string) (_ *SavingState, retErr error) {
+	d, err := os.OpenFile(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("root disk volume %s: %w", name, err)
+	}
+	s, err := createState(into, &volume{dir: d, name: name}, name)
+	if err != nil {
+		d.Close()
+	}
+	return s, err
+}
+
+func createState(dir string, disk *volume, name string) (_ *SavingState, retErr error) {
 	v, err := stateVolume(dir, name)
 	if err != nil {
 		return nil, err
@@ -152,7 +174,15 @@ func CreateState(dir, name string) (_ *SavingState, retErr error) {
 		_ = unix.Unlinkat(int(d.Fd()), stateTemp, 0)
 		return nil, fmt.Errorf("root disk volume %s: %w", name, err)
 	}
-	return &SavingState{File: f, v: v}, nil
+	return &SavingState{File: f, v: v, disk: disk}, nil
+}
+
+// close lets go of the directories.
+func (s *SavingState) close() {
+	s.v.dir.Close()
+	if s.disk != nil {
+		s.disk.dir.Close()
+	}
 }
 
 // Commit writes info's header, with the stamp of the volume's root disk,
@@ -164,7 +194,11 @@ func (s *SavingState) Commit(info StateInfo) (int64, error) {
 		s.Abort()
 		return 0, fmt.Errorf("root disk volume %s: save state: %w", s.v.name, err)
 	}
-	disk, err := s.v.open(DiskName, unix.O_RDONLY)
+	dv := s.v
+	if s.disk != nil {
+		dv = *s.disk
+	}
+	disk, err := dv.open(DiskName, unix.O_RDONLY)
 	if err != nil {
 		return fail(err)
 	}
@@ -195,7 +229,7 @@ func (s *SavingState) Commit(info StateInfo) (int64, error) {
 		return fail(err)
 	}
 	s.File.Close()
-	s.v.dir.Close()
+	s.close()
 	return size, nil
 }
 
@@ -204,7 +238,7 @@ func (s *SavingState) Abort() {
 	s.File.Close()
 	_ = unix.Unlinkat(int(s.v.dir.Fd()), stateTemp, 0)
 	_ = s.v.dir.Sync()
-	s.v.dir.Close()
+	s.close()
 }
 
 // SavedState is a state found on a volume, open, not yet taken.

@@ -261,3 +261,43 @@ func TestStateCutShort(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckpointState: a state saved into a checkpoint directory goes
+// with the volume's disk, opens from that directory, and leaves the
+// volume as it was.
+func TestCheckpointState(t *testing.T) {
+	vol, into := t.TempDir(), t.TempDir()
+	disk := testDisk(t, vol)
+	s, err := CreateCheckpoint(into, vol, "/vol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := []byte("QEVM stream")
+	if _, err := s.File.Write(stream); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Commit(testStateInfo()); err != nil {
+		t.Fatal(err)
+	}
+	if names := dirNames(t, vol); len(names) != 1 || names[0] != DiskName {
+		t.Errorf("the volume holds %q, want the disk alone", names)
+	}
+	got, err := OpenState(into, "/vol")
+	if err != nil || got == nil {
+		t.Fatalf("OpenState of the checkpoint: %v, %v", got, err)
+	}
+	defer got.Close()
+	if err := got.CheckDisk(disk); err != nil {
+		t.Errorf("CheckDisk of the volume's disk: %v", err)
+	}
+	if _, err := CreateCheckpoint(into, filepath.Join(vol, "missing"), "/vol"); err == nil {
+		t.Error("a checkpoint of a volume that is not there")
+	}
+	s, err = CreateCheckpoint(into, t.TempDir(), "/vol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Commit(testStateInfo()); err == nil || !strings.Contains(err.Error(), DiskName) {
+		t.Errorf("Commit of a checkpoint whose volume has no disk: %v", err)
+	}
+}

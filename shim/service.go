@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -110,7 +111,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 		delete(s.creating, r.ID)
 		s.mu.Unlock()
 	}()
-	req := &launch.Request{ID: r.ID, Bundle: r.Bundle, Rootfs: mount.FromProto(r.Rootfs)}
+	req := &launch.Request{ID: r.ID, Bundle: r.Bundle, Rootfs: mount.FromProto(r.Rootfs), Checkpoint: r.Checkpoint}
 	if r.Options != nil {
 		req.Options = r.Options
 	}
@@ -409,12 +410,23 @@ func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*emp
 	return &emptypb.Empty{}, nil
 }
 
-// Checkpoint is not supported for VM tasks.
+// Checkpoint writes a VM's state into r.Path, the directory containerd
+// makes its checkpoint of (see task.checkpoint); the VM then ends.
 func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*emptypb.Empty, error) {
 	if rt := s.ordinary.get(r.ID); rt != nil {
 		return rt.Checkpoint(ctx, r)
 	}
-	return nil, errgrpc.ToGRPCf(errdefs.ErrNotImplemented, "checkpoint is not supported by VM tasks")
+	t, _, err := s.get(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	if !filepath.IsAbs(r.Path) {
+		return nil, errgrpc.ToGRPCf(errdefs.ErrInvalidArgument, "checkpoint of task %s: path %q is not absolute", r.ID, r.Path)
+	}
+	if err := t.checkpoint(ctx, r.Path); err != nil {
+		return nil, toGRPC(err)
+	}
+	return &emptypb.Empty{}, nil
 }
 
 // Update applies new resource limits to a VM (see task.update).

@@ -366,7 +366,10 @@ func TestServiceNotImplemented(t *testing.T) {
 	ctx := context.Background()
 	running(t, s, p, "vm1")
 	for name, call := range map[string]func() error{
-		"checkpoint": func() error { _, err := s.Checkpoint(ctx, &taskAPI.CheckpointTaskRequest{ID: "vm1"}); return err },
+		"checkpoint": func() error {
+			_, err := s.Checkpoint(ctx, &taskAPI.CheckpointTaskRequest{ID: "vm1", Path: t.TempDir()})
+			return err
+		},
 	} {
 		if err := call(); status.Code(err) != codes.Unimplemented || !errdefs.IsNotImplemented(errgrpc.ToNative(err)) {
 			t.Errorf("%s: %v; want Unimplemented", name, err)

@@ -365,6 +365,38 @@ func (t *task) pause(ctx context.Context) error {
 	})
 }
 
+// checkpoint writes a running or paused VM's state into dir (see
+// launch.Checkpointer); the VM then ends, and the task exits as it does.
+// A checkpoint that fails leaves the vCPUs as they were.
+func (t *task) checkpoint(ctx context.Context, dir string) error {
+	cp, ok := t.vm.(launch.Checkpointer)
+	if !ok {
+		return fmt.Errorf("task %s cannot be checkpointed: %w", t.id, errdefs.ErrNotImplemented)
+	}
+	t.opMu.Lock()
+	defer t.opMu.Unlock()
+	t.mu.Lock()
+	st := t.st
+	t.mu.Unlock()
+	if st != stateRunning && st != statePaused {
+		return fmt.Errorf("task %s is %s, not running: %w", t.id, st, errdefs.ErrFailedPrecondition)
+	}
+	err := cp.Checkpoint(ctx, dir)
+	if err == nil || st != stateRunning {
+		return err
+	}
+	select {
+	case <-t.vm.Done():
+	default:
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), vmCallTimeout)
+		defer cancel()
+		if rerr := t.vm.Resume(rctx); rerr != nil {
+			return fmt.Errorf("%w; and the vcpus could not run again: %v", err, rerr)
+		}
+	}
+	return err
+}
+
 // resume restarts the vCPUs of a paused task.
 func (t *task) resume(ctx context.Context) error {
 	return t.vcpus(ctx, "resume", stateRunning, t.vm.Resume, func(st state) error {

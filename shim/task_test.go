@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/vmshim/vmshim/launch"
 )
 
@@ -174,4 +176,114 @@ func within(t *testing.T, d time.Duration, what string, fn func()) {
 	case <-time.After(d):
 		t.Fatalf("%s did not return within %v", what, d)
 	}
+}
+
+// checkpointVM is a fakeVM that can be checkpointed: it pauses, and then
+// ends with 0, as a saved VM does, or fails with err.
+type checkpointVM struct {
+	*fakeVM
+	err  error
+	dirs []string
+}
+
+func (v *checkpointVM) Checkpoint(ctx context.Context, dir string) error {
+	v.record("checkpoint")
+	v.mu.Lock()
+	v.dirs = append(v.dirs, dir)
+	v.mu.Unlock()
+	if err := v.Pause(ctx); err != nil {
+		return err
+	}
+	if v.err != nil {
+		return v.err
+	}
+	v.exit(0)
+	return nil
+}
+
+// TestTaskCheckpoint: a running VM's checkpoint ends it with 0; one that
+// fails leaves the vCPUs as they were (running again, or paused); a VM
+// that cannot be checkpointed, or a task that has not started, says so.
+func TestTaskCheckpoint(t *testing.T) {
+	ctx := context.Background()
+	newTask := func(t *testing.T, vm launch.VM) *task {
+		lctx, _ := testLogger(t)
+		tk := newTask(lctx, "vm1", t.TempDir(), stdio{}, &output{}, vm, func(any) {})
+		tk.watch(lctx)
+		t.Cleanup(func() {
+			_ = vm.Kill()
+			_ = tk.cons.Close()
+		})
+		return tk
+	}
+	calls := func(v *fakeVM) []string {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		return slices.Clone(v.calls)
+	}
+
+	t.Run("ends the vm", func(t *testing.T) {
+		vm := &checkpointVM{fakeVM: newFakeVM(42)}
+		tk := newTask(t, vm)
+		if err := tk.start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := tk.checkpoint(ctx, "/ckpt"); err != nil {
+			t.Fatalf("checkpoint: %v", err)
+		}
+		if err := tk.wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if st, code, _ := tk.snapshot(); st != stateStopped || code != 0 {
+			t.Errorf("task %s with %d after a checkpoint, want stopped with 0", st, code)
+		}
+		if !slices.Equal(vm.dirs, []string{"/ckpt"}) {
+			t.Errorf("checkpoint into %q", vm.dirs)
+		}
+		if err := tk.checkpoint(ctx, "/ckpt"); !errdefs.IsFailedPrecondition(err) {
+			t.Errorf("checkpoint of a stopped task: %v", err)
+		}
+	})
+	for _, tc := range []struct {
+		name   string
+		paused bool
+		want   []string
+	}{
+		{"fails running", false, []string{"start", "checkpoint", "pause", "resume"}},
+		{"fails paused", true, []string{"start", "pause", "checkpoint", "pause"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vm := &checkpointVM{fakeVM: newFakeVM(42), err: errors.New("no room on the volume")}
+			tk := newTask(t, vm)
+			if err := tk.start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if tc.paused {
+				if err := tk.pause(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := tk.checkpoint(ctx, "/ckpt"); !errors.Is(err, vm.err) {
+				t.Fatalf("checkpoint: %v, want %v", err, vm.err)
+			}
+			if got := calls(vm.fakeVM); !slices.Equal(got, tc.want) {
+				t.Errorf("calls %v, want %v", got, tc.want)
+			}
+		})
+	}
+	t.Run("not a checkpointer", func(t *testing.T) {
+		tk := newTask(t, newFakeVM(42))
+		if err := tk.start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := tk.checkpoint(ctx, "/ckpt"); !errdefs.IsNotImplemented(err) {
+			t.Errorf("checkpoint of a VM that cannot be: %v", err)
+		}
+	})
+	t.Run("created", func(t *testing.T) {
+		tk := newTask(t, &checkpointVM{fakeVM: newFakeVM(42)})
+		if err := tk.checkpoint(ctx, "/ckpt"); !errdefs.IsFailedPrecondition(err) {
+			t.Errorf("checkpoint of a created task: %v", err)
+		}
+	})
 }
