@@ -93,6 +93,9 @@ func stateDiffers(saved, now rootdisk.StateInfo) string {
 	return strings.Join(d, ", ")
 }
 
+// errSaved is a save of a VM saved already, which ends.
+var errSaved = fmt.Errorf("the VM is saved already, and ends: %w", errdefs.ErrFailedPrecondition)
+
 // saver saves a running VM's state, once: onto its root-disk volume at
 // a stop (suspender), or into a checkpoint (Checkpoint). A VM is saved
 // with its disk as the save leaves it, so it runs no more after a save:
@@ -123,7 +126,7 @@ func (s *saver) save(ctx context.Context, vm *qemu.VM, create func() (*rootdisk.
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.saved {
-		return 0, fmt.Errorf("the VM is saved already, and ends: %w", errdefs.ErrFailedPrecondition)
+		return 0, errSaved
 	}
 	var version struct {
 		QEMU struct{ Major, Minor, Micro int } `json:"qemu"`
@@ -225,6 +228,9 @@ func (s *suspender) run(ctx context.Context, vm *qemu.VM) {
 	if err == nil {
 		logger.WithField("bytes", size).Info("vm suspended")
 		return
+	}
+	if errors.Is(err, errSaved) {
+		return // a checkpoint saved it as the stop came
 	}
 	select {
 	case <-vm.Done():
