@@ -8,7 +8,9 @@ import (
 // FuzzParseStateHeader: any header block either fails to parse or reads
 // as a StateInfo that writes back to a block reading the same.
 func FuzzParseStateHeader(f *testing.F) {
-	h, err := stateHeader(testStateInfo())
+	info := testStateInfo()
+	info.Stream = 1 << 20
+	h, err := stateHeader(info)
 	if err != nil {
 		f.Fatal(err)
 	}
