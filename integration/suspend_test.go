@@ -184,7 +184,7 @@ func throttleWrites(t *testing.T, pid int, dev string, bps int) {
 // one line, or, with vmshim.io/on-resume-error boot, removed for the
 // disk to boot. Each time the next pod boots the disk.
 func TestSuspendFaults(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*bootTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*bootTimeout)
 	defer cancel()
 	vol, dev := slowVolume(t)
 	state := filepath.Join(vol, "vmshim-state")
@@ -207,6 +207,8 @@ func TestSuspendFaults(t *testing.T) {
 			t.Fatalf("StartContainer of %s: %v", name, err)
 		}
 		vm.waitLog(ctx, t, fmt.Sprintf("VMSHIM-DISK-BOOTS %d", n))
+		// The power button's handler is armed by then.
+		vm.waitLog(ctx, t, markerBooted)
 		return p, vm
 	}
 	refused := func(name string, ann map[string]string, want ...string) {
@@ -261,7 +263,9 @@ func TestSuspendFaults(t *testing.T) {
 	if line, _ := findLogLine(vm.log, "vmshim: suspend failed"); !strings.Contains(line, "did not finish within 6.7 s") {
 		t.Errorf("the log says %q, want the save's bound", line)
 	}
-	vm.waitLog(ctx, t, markerACPI)
+	if _, ok := findLogLine(vm.log, markerACPI); !ok {
+		t.Errorf("the guest did not see the power button after the failed save")
+	}
 	volumeHolds("after a save past its bound")
 	p.remove(t)
 	assertNothingLeftCRI(t, vm.id)
