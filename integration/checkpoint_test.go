@@ -5,12 +5,14 @@ import (
 	"context"
 	"fmt"
 	"os"
-	osexec "os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -44,17 +46,43 @@ func TestCtrCheckpointRestore(t *testing.T) {
 		_, _ = d.ctr(context.Background(), "task", "rm", "-f", cid)
 		_, _ = d.ctr(context.Background(), "containers", "rm", cid)
 	}
-	// exec runs a program in the guest through ctr: its stdout, and its
-	// stderr with ctr's own in the error.
+	// exec runs a program in the guest through containerd's client, with
+	// no stdin, within a minute: its stdout, and its stderr in the error.
 	exec := func(cid string, args ...string) (string, error) {
-		var stdout, stderr bytes.Buffer
-		cmd := osexec.CommandContext(ctx, d.ctrBin, append([]string{"-a", d.address, "-n", testNamespace,
-			"task", "exec", "--exec-id", fmt.Sprintf("x%d", time.Now().UnixNano()), cid}, args...)...)
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		if err := cmd.Run(); err != nil {
-			return stdout.String(), fmt.Errorf("%w: %s", err, stderr.String())
+		ectx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		c, err := env.client.LoadContainer(ectx, cid)
+		if err != nil {
+			return "", err
 		}
-		return stdout.String(), nil
+		task, err := c.Task(ectx, nil)
+		if err != nil {
+			return "", err
+		}
+		var stdout, stderr bytes.Buffer
+		proc, err := task.Exec(ectx, fmt.Sprintf("x%d", time.Now().UnixNano()), &specs.Process{Args: args, Cwd: "/"},
+			cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr)))
+		if err != nil {
+			return "", err
+		}
+		defer func() { _, _ = proc.Delete(context.WithoutCancel(ectx), client.WithProcessKill) }()
+		statusC, err := proc.Wait(ectx)
+		if err != nil {
+			return "", err
+		}
+		if err := proc.Start(ectx); err != nil {
+			return "", err
+		}
+		select {
+		case st := <-statusC:
+			proc.IO().Wait()
+			if code := st.ExitCode(); code != 0 {
+				return stdout.String(), fmt.Errorf("exit %d: %s", code, stderr.String())
+			}
+			return stdout.String(), nil
+		case <-ectx.Done():
+			return stdout.String(), fmt.Errorf("exec %q: %w", args, ectx.Err())
+		}
 	}
 	mustExec := func(cid string, args ...string) string {
 		t.Helper()
