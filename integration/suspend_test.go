@@ -160,21 +160,10 @@ func slowVolume(t *testing.T) (dir, dev string) {
 // to bps bytes a second (0 lifts the limit).
 func throttleWrites(t *testing.T, pid int, dev string, bps int) {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		t.Fatal(err)
+	file := filepath.Join(cgroupRoot, "blkio", cgroupOf(t, pid, "blkio"), "blkio.throttle.write_bps_device")
+	if err := os.WriteFile(file, []byte(fmt.Sprintf("%s %d", dev, bps)), 0o644); err != nil {
+		t.Fatalf("throttle %s: %v", file, err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.SplitN(line, ":", 3)
-		if len(f) == 3 && slices.Contains(strings.Split(f[1], ","), "blkio") {
-			file := filepath.Join(cgroupRoot, "blkio", f[2], "blkio.throttle.write_bps_device")
-			if err := os.WriteFile(file, []byte(fmt.Sprintf("%s %d", dev, bps)), 0o644); err != nil {
-				t.Fatalf("throttle %s: %v", file, err)
-			}
-			return
-		}
-	}
-	t.Fatalf("process %d has no blkio cgroup: %s", pid, b)
 }
 
 // TestSuspendFaults: a save that cannot finish within two thirds of the
