@@ -55,14 +55,24 @@ func isCNILink(link netlink.Link) bool {
 		!bytes.Equal(mac, make(net.HardwareAddr, 6))
 }
 
-// inspect reads the netns and plans Setup without changing anything. It
-// fails when the netns holds something Setup could not undo exactly.
-func inspect(p *podNS) (*plan, error) {
+// linksInOrder lists the netns's links in ifindex order: the order its
+// CNI interfaces are wired in, and NICs are given to the guest.
+func linksInOrder(p *podNS) ([]netlink.Link, error) {
 	links, err := retryDump(p.h.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("list links in netns %s: %w", p.path, err)
 	}
 	slices.SortFunc(links, func(a, b netlink.Link) int { return a.Attrs().Index - b.Attrs().Index })
+	return links, nil
+}
+
+// inspect reads the netns and plans Setup without changing anything. It
+// fails when the netns holds something Setup could not undo exactly.
+func inspect(p *podNS) (*plan, error) {
+	links, err := linksInOrder(p)
+	if err != nil {
+		return nil, err
+	}
 	addrs, err := retryDump(func() ([]netlink.Addr, error) { return p.h.AddrList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		return nil, fmt.Errorf("list addresses in netns %s: %w", p.path, err)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"net"
-	"slices"
 
 	"github.com/containerd/errdefs"
 	"github.com/vishvananda/netlink"
@@ -32,11 +31,10 @@ func AdoptMACs(nsPath string, macs []string) error {
 		return err
 	}
 	defer p.Close()
-	all, err := retryDump(p.h.LinkList)
+	all, err := linksInOrder(p)
 	if err != nil {
-		return fmt.Errorf("list links in netns %s: %w", nsPath, err)
+		return err
 	}
-	slices.SortFunc(all, func(a, b netlink.Link) int { return a.Attrs().Index - b.Attrs().Index })
 	var links []netlink.Link
 	for _, l := range all {
 		if isCNILink(l) {
