@@ -168,21 +168,18 @@ current-context: vmshim
 	return path, os.WriteFile(path, []byte(body), 0o600)
 }
 
-// clusterCerts makes everything the cluster's components present or
-// check: the serving certificates of the API server (every name and IP
-// a client may use for it) and of the kubelet (its node IP), the client
-// certificates of the admin, the API server (towards the kubelet), the
-// kubelet, the controller manager and the scheduler, and the service
-// account key pair.
-func (p *kubePKI) clusterCerts(nodeName string, nodeIP, serviceIP net.IP) error {
+// clusterCerts makes the certificates of the control plane: the serving
+// certificate of the API server (every name and IP a client may use for
+// it), the client certificates of the admin, the API server (towards
+// the kubelets), the controller manager and the scheduler, and the
+// service account key pair. Each node's come from nodeCerts.
+func (p *kubePKI) clusterCerts(apiIP, serviceIP net.IP) error {
 	specs := []certSpec{
 		{name: "apiserver", cn: "kube-apiserver", server: true,
-			ips: []net.IP{nodeIP, serviceIP, net.IPv4(127, 0, 0, 1)},
+			ips: []net.IP{apiIP, serviceIP, net.IPv4(127, 0, 0, 1)},
 			dns: []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "localhost"}},
-		{name: "kubelet-serving", cn: nodeName, server: true, ips: []net.IP{nodeIP}, dns: []string{nodeName}},
 		{name: "admin", cn: "vmshim-admin", orgs: []string{"system:masters"}},
 		{name: "apiserver-kubelet-client", cn: "kube-apiserver-kubelet-client", orgs: []string{"system:masters"}},
-		{name: "kubelet", cn: "system:node:" + nodeName, orgs: []string{"system:nodes"}},
 		{name: "controller-manager", cn: "system:kube-controller-manager"},
 		{name: "scheduler", cn: "system:kube-scheduler"},
 	}
@@ -192,4 +189,14 @@ func (p *kubePKI) clusterCerts(nodeName string, nodeIP, serviceIP net.IP) error 
 		}
 	}
 	return p.serviceAccountKeys()
+}
+
+// nodeCerts makes a kubelet's certificates: STEM.crt, its client
+// certificate as the node nodeName, and STEM-serving.crt for its
+// address.
+func (p *kubePKI) nodeCerts(stem, nodeName string, nodeIP net.IP) error {
+	if err := p.issue(certSpec{name: stem + "-serving", cn: nodeName, server: true, ips: []net.IP{nodeIP}, dns: []string{nodeName}}); err != nil {
+		return err
+	}
+	return p.issue(certSpec{name: stem, cn: "system:node:" + nodeName, orgs: []string{"system:nodes"}})
 }

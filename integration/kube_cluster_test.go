@@ -14,14 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // Environment the Makefile passes in for the Kubernetes tests.
@@ -31,8 +28,9 @@ const (
 	envKubeRequired = "VMSHIM_KUBE_REQUIRED" // 1: missing binaries fail the tests instead of skipping them
 )
 
-// The single-node cluster's fixed names and addresses. They live in the
-// suite daemon's network namespace only.
+// The cluster's fixed names and addresses, and its first node's. They live
+// in the suite daemon's network namespace only (the second node's, which
+// a test adds, in kube_drain_test.go).
 const (
 	kubeNodeName   = "vmshim-node"
 	kubeNodeIP     = "10.88.0.1" // the CNI bridge's gateway address (bridgeCNI)
@@ -50,21 +48,20 @@ var kubeCommands = []string{"kube-apiserver", "kube-controller-manager", "kube-s
 
 // kubeCluster is etcd, kube-apiserver, kube-controller-manager,
 // kube-scheduler and a kubelet on the suite's containerd, all in the
-// suite daemon's network namespace.
+// suite daemon's network namespace; a test may add a second node
+// (addNode).
 type kubeCluster struct {
-	dir        string // everything the cluster writes, below the daemon's dir
-	bin        string // directory of the Kubernetes commands
-	etcd       string // the etcd binary
-	netns      string // path of the network namespace
-	pki        *kubePKI
-	admin      string // the admin's kubeconfig
-	rootDir    string // the kubelet's --root-dir, a shared bind mount
-	cgroupRoot string // the kubelet's cgroupRoot
-	procs      []*kubeProc
-	rest       *rest.Config
-	client     *kubernetes.Clientset
-	criConn    *grpc.ClientConn
-	cri        runtimeapi.RuntimeServiceClient // the suite containerd's CRI, the kubelet's runtime
+	dir    string // everything the cluster writes, below the daemon's dir
+	bin    string // directory of the Kubernetes commands
+	etcd   string // the etcd binary
+	netns  string // path of the network namespace
+	pki    *kubePKI
+	admin  string      // the admin's kubeconfig
+	node   *kubeNode   // the node on the suite's containerd, always there
+	nodes  []*kubeNode // every node, the first one first
+	procs  []*kubeProc
+	rest   *rest.Config
+	client *kubernetes.Clientset
 }
 
 // kubeProc is one running component.
@@ -117,13 +114,13 @@ func startKube(t *testing.T) *kubeCluster {
 		t.Skipf("kubernetes tests skipped: %v", err)
 	}
 	k := &kubeCluster{
-		dir:        filepath.Join(env.daemon.dir, "kube"),
-		bin:        bin,
-		etcd:       filepath.Join(etcdDir, "etcd"),
-		netns:      "/run/netns/" + env.daemon.netns,
-		cgroupRoot: "/vmshim-kube-" + strings.TrimPrefix(filepath.Base(env.daemon.dir), "vmshim-it-"),
+		dir:   filepath.Join(env.daemon.dir, "kube"),
+		bin:   bin,
+		etcd:  filepath.Join(etcdDir, "etcd"),
+		netns: "/run/netns/" + env.daemon.netns,
 	}
-	k.rootDir = filepath.Join(k.dir, "kubelet")
+	k.node = k.newKubeNode(kubeNodeName, kubeNodeIP, "kubelet", env.daemon)
+	k.nodes = []*kubeNode{k.node}
 	start := time.Now()
 	t.Cleanup(func() { k.stop(t) })
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -142,21 +139,20 @@ func (k *kubeCluster) start(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(k.dir, "logs"), 0o755); err != nil {
 		return err
 	}
-	if err := k.bridgeAddress(); err != nil {
+	if err := k.node.bridgeAddress(); err != nil {
+		return err
+	}
+	if err := k.node.connect(); err != nil {
 		return err
 	}
 	var err error
-	if k.criConn, err = grpc.NewClient("unix://"+env.daemon.address, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
-		return fmt.Errorf("cri client: %w", err)
-	}
-	k.cri = runtimeapi.NewRuntimeServiceClient(k.criConn)
 	if k.pki, err = newKubePKI(filepath.Join(k.dir, "pki")); err != nil {
 		return err
 	}
-	if err := k.pki.clusterCerts(kubeNodeName, net.ParseIP(kubeNodeIP), net.ParseIP(kubeServiceIP)); err != nil {
+	if err := k.pki.clusterCerts(net.ParseIP(kubeNodeIP), net.ParseIP(kubeServiceIP)); err != nil {
 		return err
 	}
-	server := fmt.Sprintf("https://%s:%d", kubeNodeIP, kubeAPIPort)
+	server := kubeAPIServer()
 	if k.admin, err = k.pki.kubeconfig("admin", server); err != nil {
 		return err
 	}
@@ -175,59 +171,44 @@ func (k *kubeCluster) start(ctx context.Context) error {
 	if err := k.startControllers(server); err != nil {
 		return err
 	}
-	if err := k.startKubelet(server); err != nil {
+	if err := k.startKubelet(server, k.node); err != nil {
 		return err
 	}
-	if err := k.waitNodeReady(ctx); err != nil {
+	if err := k.waitNodeReady(ctx, kubeNodeName); err != nil {
 		return err
 	}
 	return k.prepareNamespace(ctx)
 }
 
-// bridgeAddress gives the CNI bridge its gateway address before the
-// kubelet starts, so the node has a non-loopback IP; the bridge plugin
-// later finds the bridge and the address it would have made.
-func (k *kubeCluster) bridgeAddress() error {
-	ns := env.daemon.netns
-	if exec.Command("ip", "-n", ns, "link", "show", kubeBridge).Run() != nil {
-		if out, err := exec.Command("ip", "-n", ns, "link", "add", kubeBridge, "mtu", "1400", "type", "bridge").CombinedOutput(); err != nil {
-			return fmt.Errorf("add bridge %s: %v: %s", kubeBridge, err, out)
-		}
-	}
-	out, err := exec.Command("ip", "-n", ns, "-o", "addr", "show", "dev", kubeBridge).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("addresses of %s: %v: %s", kubeBridge, err, out)
-	}
-	if !strings.Contains(string(out), " "+kubeNodeIP+"/") {
-		if out, err := exec.Command("ip", "-n", ns, "addr", "add", kubeNodeIP+"/24", "dev", kubeBridge).CombinedOutput(); err != nil {
-			return fmt.Errorf("address %s on %s: %v: %s", kubeNodeIP, kubeBridge, err, out)
-		}
-	}
-	if out, err := exec.Command("ip", "-n", ns, "link", "set", kubeBridge, "up").CombinedOutput(); err != nil {
-		return fmt.Errorf("set %s up: %v: %s", kubeBridge, err, out)
-	}
-	return nil
+// kubeAPIServer is the API server's URL.
+func kubeAPIServer() string { return fmt.Sprintf("https://%s:%d", kubeNodeIP, kubeAPIPort) }
+
+// run starts a component of the control plane in the cluster's network
+// namespace, its output in logs/NAME.log.
+func (k *kubeCluster) run(name string, argv ...string) error {
+	_, err := k.runIn(k.netns, name, argv...)
+	return err
 }
 
-// run starts a component in the network namespace, its output in
-// logs/NAME.log.
-func (k *kubeCluster) run(name string, argv ...string) error {
+// runIn starts a component in network namespace netns, its output in
+// logs/NAME.log. The cluster waits on it and stops it with the rest.
+func (k *kubeCluster) runIn(netns, name string, argv ...string) (*kubeProc, error) {
 	logPath := filepath.Join(k.dir, "logs", name+".log")
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer logf.Close()
-	cmd := exec.Command("nsenter", append([]string{"--net=" + k.netns, "--"}, argv...)...)
+	cmd := exec.Command("nsenter", append([]string{"--net=" + netns, "--"}, argv...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", name, err)
+		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	p := &kubeProc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	k.procs = append(k.procs, p)
-	return nil
+	return p, nil
 }
 
 // startEtcd runs etcd on 127.0.0.1 of the namespace, its data on disk
@@ -381,10 +362,10 @@ func (k *kubeCluster) waitAPIServer(ctx context.Context) error {
 	})
 }
 
-// waitNodeReady waits until the kubelet's node is registered and Ready.
-func (k *kubeCluster) waitNodeReady(ctx context.Context) error {
-	return k.poll(ctx, "node "+kubeNodeName+" Ready", 500*time.Millisecond, func() (bool, error) {
-		n, err := k.client.CoreV1().Nodes().Get(ctx, kubeNodeName, metav1.GetOptions{})
+// waitNodeReady waits until a kubelet's node is registered and Ready.
+func (k *kubeCluster) waitNodeReady(ctx context.Context, name string) error {
+	return k.poll(ctx, "node "+name+" Ready", 500*time.Millisecond, func() (bool, error) {
+		n, err := k.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -12,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -28,15 +32,15 @@ address: %[1]s
 port: 10250
 readOnlyPort: 0
 healthzPort: 0
-tlsCertFile: %[2]s/kubelet-serving.crt
-tlsPrivateKeyFile: %[2]s/kubelet-serving.key
+tlsCertFile: %[2]s.crt
+tlsPrivateKeyFile: %[2]s.key
 authentication:
   anonymous:
     enabled: false
   webhook:
     enabled: true
   x509:
-    clientCAFile: %[2]s/ca.crt
+    clientCAFile: %[7]s
 authorization:
   mode: Webhook
 containerRuntimeEndpoint: unix://%[3]s
@@ -96,14 +100,84 @@ mount -t overlay overlay -o "lowerdir=/var/lib,upperdir=$dir/var-lib/upper,workd
 exec "$@"
 `
 
-// startKubelet prepares the node (cgroup root, root dir, sysctl files,
-// resolv.conf) and runs the kubelet on the suite's containerd.
-func (k *kubeCluster) startKubelet(server string) error {
-	kubeconfig, err := k.pki.kubeconfig("kubelet", server)
+// kubeNode is one node of the cluster: a containerd and the kubelet
+// that runs its pods on it, both in the containerd's network namespace,
+// whose CNI bridge holds the node's address.
+type kubeNode struct {
+	name       string
+	ip         string // the node's address: its CNI bridge's gateway
+	stem       string // names its files: STEM.crt and STEM-serving.crt (its kubelet's certificates), logs/STEM.log
+	daemon     *daemon
+	netns      string // path of the daemon's network namespace
+	dir        string // the node's files: kubelet config, sysctls, pod logs
+	rootDir    string // the kubelet's --root-dir, a shared bind mount
+	cgroupRoot string // the kubelet's cgroupRoot
+	criConn    *grpc.ClientConn
+	cri        runtimeapi.RuntimeServiceClient // the daemon's CRI, the kubelet's runtime
+	kubelet    *kubeProc
+}
+
+// newKubeNode describes node name at ip on daemon d; stem names its
+// files, certificates and cgroup root apart from other nodes'.
+func (k *kubeCluster) newKubeNode(name, ip, stem string, d *daemon) *kubeNode {
+	return &kubeNode{
+		name:       name,
+		ip:         ip,
+		stem:       stem,
+		daemon:     d,
+		netns:      "/run/netns/" + d.netns,
+		dir:        filepath.Join(k.dir, stem),
+		rootDir:    filepath.Join(k.dir, stem, "root"),
+		cgroupRoot: "/vmshim-" + stem + "-" + strings.TrimPrefix(filepath.Base(env.daemon.dir), "vmshim-it-"),
+	}
+}
+
+// connect makes the node's CRI client.
+func (n *kubeNode) connect() error {
+	var err error
+	if n.criConn, err = grpc.NewClient("unix://"+n.daemon.address, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		return fmt.Errorf("cri client of %s: %w", n.name, err)
+	}
+	n.cri = runtimeapi.NewRuntimeServiceClient(n.criConn)
+	return nil
+}
+
+// bridgeAddress gives the node's CNI bridge its gateway address before
+// the kubelet starts, so the node has a non-loopback IP; the bridge
+// plugin later finds the bridge and the address it would have made.
+func (n *kubeNode) bridgeAddress() error {
+	ns := n.daemon.netns
+	if exec.Command("ip", "-n", ns, "link", "show", kubeBridge).Run() != nil {
+		if out, err := exec.Command("ip", "-n", ns, "link", "add", kubeBridge, "mtu", "1400", "type", "bridge").CombinedOutput(); err != nil {
+			return fmt.Errorf("add bridge %s: %v: %s", kubeBridge, err, out)
+		}
+	}
+	out, err := exec.Command("ip", "-n", ns, "-o", "addr", "show", "dev", kubeBridge).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("addresses of %s: %v: %s", kubeBridge, err, out)
+	}
+	if !strings.Contains(string(out), " "+n.ip+"/") {
+		if out, err := exec.Command("ip", "-n", ns, "addr", "add", n.ip+"/24", "dev", kubeBridge).CombinedOutput(); err != nil {
+			return fmt.Errorf("address %s on %s: %v: %s", n.ip, kubeBridge, err, out)
+		}
+	}
+	if out, err := exec.Command("ip", "-n", ns, "link", "set", kubeBridge, "up").CombinedOutput(); err != nil {
+		return fmt.Errorf("set %s up: %v: %s", kubeBridge, err, out)
+	}
+	return nil
+}
+
+// startKubelet prepares the node (certificates, cgroup root, root dir,
+// sysctl files, resolv.conf) and runs its kubelet.
+func (k *kubeCluster) startKubelet(server string, n *kubeNode) error {
+	if err := k.pki.nodeCerts(n.stem, n.name, net.ParseIP(n.ip)); err != nil {
+		return err
+	}
+	kubeconfig, err := k.pki.kubeconfig(n.stem, server)
 	if err != nil {
 		return err
 	}
-	node := filepath.Join(k.dir, "node")
+	node := n.dir
 	for _, d := range []string{"pod-logs", "volume-plugins", "var-log", "var-lib/upper", "var-lib/work", "sysctl"} {
 		if err := os.MkdirAll(filepath.Join(node, d), 0o755); err != nil {
 			return err
@@ -123,32 +197,33 @@ func (k *kubeCluster) startKubelet(server string) error {
 		return err
 	}
 	cfg := filepath.Join(node, "kubelet.yaml")
-	body := fmt.Sprintf(kubeletConfig, kubeNodeIP, k.pki.dir, env.daemon.address, k.cgroupRoot, node, kubeDNSIP)
+	body := fmt.Sprintf(kubeletConfig, n.ip, k.pki.path(n.stem+"-serving"), n.daemon.address, n.cgroupRoot, node, kubeDNSIP, k.pki.path("ca.crt"))
 	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
 		return err
 	}
-	if err := k.makeCgroupRoot(); err != nil {
+	if err := n.makeCgroupRoot(); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(k.rootDir, 0o750); err != nil {
+	if err := os.MkdirAll(n.rootDir, 0o750); err != nil {
 		return err
 	}
-	if err := syscall.Mount(k.rootDir, k.rootDir, "", syscall.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind mount %s: %w", k.rootDir, err)
+	if err := syscall.Mount(n.rootDir, n.rootDir, "", syscall.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind mount %s: %w", n.rootDir, err)
 	}
-	if err := syscall.Mount("", k.rootDir, "", syscall.MS_SHARED, ""); err != nil {
-		return fmt.Errorf("make %s shared: %w", k.rootDir, err)
+	if err := syscall.Mount("", n.rootDir, "", syscall.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("make %s shared: %w", n.rootDir, err)
 	}
-	return k.run("kubelet", "unshare", "--mount", "--propagation", "unchanged", "--",
+	n.kubelet, err = k.runIn(n.netns, n.stem, "unshare", "--mount", "--propagation", "unchanged", "--",
 		"sh", "-c", kubeletWrapper, "kubelet-wrapper", node,
 		filepath.Join(k.bin, "kubelet"),
 		"--config", cfg,
 		"--kubeconfig", kubeconfig,
-		"--root-dir", k.rootDir,
-		"--node-ip", kubeNodeIP,
-		"--hostname-override", kubeNodeName,
+		"--root-dir", n.rootDir,
+		"--node-ip", n.ip,
+		"--hostname-override", n.name,
 		"--node-labels", kubeNodeLabel,
 		"--v", "2")
+	return err
 }
 
 // cgroupHierarchies lists the mounted cgroup hierarchies.
@@ -166,9 +241,9 @@ func cgroupHierarchies() []string {
 // makeCgroupRoot creates the kubelet's cgroup root in every hierarchy
 // (the kubelet requires it to exist), the cpuset one with its parent's
 // CPUs and memory nodes.
-func (k *kubeCluster) makeCgroupRoot() error {
+func (n *kubeNode) makeCgroupRoot() error {
 	for _, h := range cgroupHierarchies() {
-		dir := filepath.Join(h, k.cgroupRoot)
+		dir := filepath.Join(h, n.cgroupRoot)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("cgroup root: %w", err)
 		}
@@ -190,10 +265,10 @@ func (k *kubeCluster) makeCgroupRoot() error {
 
 // cgroupsLeft lists the cgroups left at or below the kubelet's root in
 // any hierarchy, deepest first.
-func (k *kubeCluster) cgroupsLeft() []string {
+func (n *kubeNode) cgroupsLeft() []string {
 	var out []string
 	for _, h := range cgroupHierarchies() {
-		_ = filepath.WalkDir(filepath.Join(h, k.cgroupRoot), func(p string, d os.DirEntry, err error) error {
+		_ = filepath.WalkDir(filepath.Join(h, n.cgroupRoot), func(p string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
 				out = append(out, p)
 			}
@@ -216,15 +291,7 @@ func (k *kubeCluster) stop(t *testing.T) {
 	for i := len(k.procs) - 1; i >= 0; i-- {
 		k.procs[i].stop()
 	}
-	k.removeSandboxes(ctx, t)
-	if k.criConn != nil {
-		k.criConn.Close()
-	}
-	for _, dir := range k.cgroupsLeft() {
-		if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("remove cgroup %s: %v", dir, err)
-		}
-	}
+	k.node.clean(ctx, t)
 	for _, p := range processesMentioning(k.dir) {
 		t.Errorf("process left by the cluster: %s", p)
 	}
@@ -262,14 +329,28 @@ func (k *kubeCluster) drain(ctx context.Context, t *testing.T) {
 	}
 }
 
+// clean removes, once its kubelet has stopped, what the node's kubelet
+// leaves behind: the sandboxes it had not collected and its cgroups.
+func (n *kubeNode) clean(ctx context.Context, t *testing.T) {
+	n.removeSandboxes(ctx, t)
+	if n.criConn != nil {
+		n.criConn.Close()
+	}
+	for _, dir := range n.cgroupsLeft() {
+		if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("remove cgroup %s: %v", dir, err)
+		}
+	}
+}
+
 // removeSandboxes stops and removes, through the CRI, any pod sandbox the
 // kubelet made and had not removed when it stopped: the kubelet removes
 // the sandboxes of deleted pods only at its periodic garbage collection.
-func (k *kubeCluster) removeSandboxes(ctx context.Context, t *testing.T) {
-	if k.cri == nil {
+func (n *kubeNode) removeSandboxes(ctx context.Context, t *testing.T) {
+	if n.cri == nil {
 		return
 	}
-	list, err := k.cri.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
+	list, err := n.cri.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
 		LabelSelector: map[string]string{"io.kubernetes.pod.namespace": kubeNamespace},
 	}})
 	if err != nil {
@@ -277,14 +358,14 @@ func (k *kubeCluster) removeSandboxes(ctx context.Context, t *testing.T) {
 		return
 	}
 	for _, sb := range list.Items {
-		if _, err := k.cri.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+		if _, err := n.cri.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
 			t.Errorf("stop sandbox %s of pod %s: %v", sb.Id, sb.Metadata.GetName(), err)
 		}
-		if _, err := k.cri.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+		if _, err := n.cri.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
 			t.Errorf("remove sandbox %s of pod %s: %v", sb.Id, sb.Metadata.GetName(), err)
 		}
 	}
-	t.Logf("removed %d stopped sandboxes the kubelet had not collected yet", len(list.Items))
+	t.Logf("%s: removed %d stopped sandboxes the kubelet had not collected yet", n.name, len(list.Items))
 }
 
 // stop ends a component: SIGTERM, then SIGKILL to its process group

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -109,7 +112,8 @@ func (k *kubeCluster) waitPod(ctx context.Context, t *testing.T, name, what stri
 }
 
 // describe returns what explains a pod's state: its status, its events
-// and the end of the kubelet's log.
+// and the end of its node's kubelet log (the first node's when it has
+// none yet).
 func (k *kubeCluster) describe(name string, p *corev1.Pod) string {
 	var b strings.Builder
 	if p != nil {
@@ -126,7 +130,13 @@ func (k *kubeCluster) describe(name string, p *corev1.Pod) string {
 	for _, e := range k.events(ctx, name) {
 		fmt.Fprintf(&b, "\nevent %s %s: %s", e.Type, e.Reason, e.Message)
 	}
-	fmt.Fprintf(&b, "\n--- kubelet log:\n%s", k.logTail("kubelet", 4000))
+	n := k.node
+	for _, m := range k.nodes {
+		if p != nil && m.name == p.Spec.NodeName {
+			n = m
+		}
+	}
+	fmt.Fprintf(&b, "\n--- kubelet log of %s:\n%s", n.name, k.logTail(n.stem, 4000))
 	return b.String()
 }
 
@@ -175,9 +185,9 @@ func containerID(p *corev1.Pod) string {
 
 // podCgroupDirs lists the pod's cgroup directories under the kubelet's
 // cgroup root, in any hierarchy and QoS class.
-func (k *kubeCluster) podCgroupDirs(uid string) []string {
+func (n *kubeNode) podCgroupDirs(uid string) []string {
 	var out []string
-	for _, dir := range k.cgroupsLeft() {
+	for _, dir := range n.cgroupsLeft() {
 		if strings.HasSuffix(dir, "/pod"+uid) {
 			out = append(out, dir)
 		}
@@ -186,20 +196,22 @@ func (k *kubeCluster) podCgroupDirs(uid string) []string {
 }
 
 // assertPodGone checks that nothing of the pod is left running or
-// mounted on the node: no process naming its ids (QEMU, shim), no runtime
-// dir, no mount naming its ids or uid, no pod cgroup, no kubelet pod
+// mounted on node n: no process naming its ids (QEMU, shim), no runtime
+// dir or jail id claimed for them, no mount naming its ids or uid, no
+// network namespace of its sandbox, no pod cgroup, no kubelet pod
 // directory, and its sandbox stopped. The kubelet removes the last ones
 // in its housekeeping, so they are waited for. (The stopped sandbox's
 // record goes at the kubelet's next garbage collection.)
-func (k *kubeCluster) assertPodGone(ctx context.Context, t *testing.T, uid string, ids ...string) {
+func (k *kubeCluster) assertPodGone(ctx context.Context, t *testing.T, n *kubeNode, uid string, ids ...string) {
 	t.Helper()
 	err := k.poll(ctx, "the pod's cgroups and directories to go", 500*time.Millisecond, func() (bool, error) {
-		_, err := os.Stat(filepath.Join(k.rootDir, "pods", uid))
-		return len(k.podCgroupDirs(uid)) == 0 && os.IsNotExist(err), nil
+		_, err := os.Stat(filepath.Join(n.rootDir, "pods", uid))
+		return len(n.podCgroupDirs(uid)) == 0 && os.IsNotExist(err), nil
 	})
 	if err != nil {
-		t.Errorf("%v: cgroups %v", err, k.podCgroupDirs(uid))
+		t.Errorf("%s: %v: cgroups %v", n.name, err, n.podCgroupDirs(uid))
 	}
+	claims := jailClaims(t)
 	for _, id := range ids {
 		if procs := processesMentioning(id); len(procs) != 0 {
 			t.Errorf("processes left for %s: %v", id, procs)
@@ -208,15 +220,20 @@ func (k *kubeCluster) assertPodGone(ctx context.Context, t *testing.T, uid strin
 		if _, err := os.Stat(filepath.Join("/run/vmshim", hex.EncodeToString(sum[:8]))); err == nil {
 			t.Errorf("runtime dir left for %s", id)
 		}
+		if jid, ok := claims[criNamespace+"/"+id]; ok {
+			t.Errorf("jail id %s still claimed for %s", jid, id)
+		}
 	}
-	for _, m := range mountsUnder(env.daemon.dir) {
-		for _, s := range append([]string{uid}, ids...) {
-			if strings.Contains(m, s) {
-				t.Errorf("mount left: %s", m)
+	for _, dir := range []string{n.daemon.dir, n.rootDir} {
+		for _, m := range mountsUnder(dir) {
+			for _, s := range append([]string{uid}, ids...) {
+				if strings.Contains(m, s) {
+					t.Errorf("%s: mount left: %s", n.name, m)
+				}
 			}
 		}
 	}
-	sandboxes, err := k.cri.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
+	sandboxes, err := n.cri.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
 		LabelSelector: map[string]string{"io.kubernetes.pod.uid": uid},
 	}})
 	if err != nil {
@@ -225,10 +242,15 @@ func (k *kubeCluster) assertPodGone(ctx context.Context, t *testing.T, uid strin
 	}
 	for _, sb := range sandboxes.Items {
 		if sb.State != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
-			t.Errorf("sandbox %s of pod %s is still %v", sb.Id, uid, sb.State)
+			t.Errorf("%s: sandbox %s of pod %s is still %v", n.name, sb.Id, uid, sb.State)
+		}
+		if netns := n.sandboxNetns(ctx, t, sb.Id); netns != "" {
+			if _, err := os.Lstat(netns); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%s: network namespace %s of sandbox %s is still there (%v)", n.name, netns, sb.Id, err)
+			}
 		}
 	}
-	containers, err := k.cri.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
+	containers, err := n.cri.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
 		LabelSelector: map[string]string{"io.kubernetes.pod.uid": uid},
 	}})
 	if err != nil {
@@ -237,15 +259,68 @@ func (k *kubeCluster) assertPodGone(ctx context.Context, t *testing.T, uid strin
 	}
 	for _, c := range containers.Containers {
 		if c.State != runtimeapi.ContainerState_CONTAINER_EXITED {
-			t.Errorf("container %s of pod %s is still %v", c.Id, uid, c.State)
+			t.Errorf("%s: container %s of pod %s is still %v", n.name, c.Id, uid, c.State)
 		}
 	}
 }
 
-// sandboxID returns the id of the pod's one sandbox.
-func (k *kubeCluster) sandboxID(ctx context.Context, t *testing.T, uid string) string {
+// jailClaims maps the owner of each jail id claimed on the machine
+// (NAMESPACE/ID of a container) to the id.
+func jailClaims(t *testing.T) map[string]string {
 	t.Helper()
-	list, err := k.cri.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
+	entries, err := os.ReadDir(secIDsDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("jail claims: %v", err)
+	}
+	claims := make(map[string]string)
+	for _, e := range entries {
+		owner, err := os.ReadFile(filepath.Join(secIDsDir, e.Name()))
+		if err == nil {
+			claims[strings.TrimSpace(string(owner))] = e.Name()
+		}
+	}
+	return claims
+}
+
+// sandboxNetns returns the path of a sandbox's network namespace, as
+// containerd's verbose sandbox status gives it ("" when it gives none).
+func (n *kubeNode) sandboxNetns(ctx context.Context, t *testing.T, id string) string {
+	t.Helper()
+	st, err := n.cri.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id, Verbose: true})
+	if err != nil {
+		t.Errorf("%s: status of sandbox %s: %v", n.name, id, err)
+		return ""
+	}
+	// containerd's sandbox record holds the path; its runtime spec names
+	// the same namespace.
+	var info struct {
+		Record struct {
+			Metadata struct{ NetNSPath string }
+		} `json:"sandboxMetadata"`
+		Spec *specs.Spec `json:"runtimeSpec"`
+	}
+	if raw, ok := st.Info["info"]; ok {
+		if err := json.Unmarshal([]byte(raw), &info); err != nil {
+			t.Errorf("%s: verbose status of sandbox %s: %v", n.name, id, err)
+		}
+	}
+	if path := info.Record.Metadata.NetNSPath; path != "" {
+		return path
+	}
+	if info.Spec != nil && info.Spec.Linux != nil {
+		for _, ns := range info.Spec.Linux.Namespaces {
+			if ns.Type == specs.NetworkNamespace {
+				return ns.Path
+			}
+		}
+	}
+	return ""
+}
+
+// sandboxID returns the id of the pod's one sandbox on node n.
+func (n *kubeNode) sandboxID(ctx context.Context, t *testing.T, uid string) string {
+	t.Helper()
+	list, err := n.cri.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
 		LabelSelector: map[string]string{"io.kubernetes.pod.uid": uid},
 	}})
 	if err != nil || len(list.Items) != 1 {

@@ -165,8 +165,15 @@ var forwardingRE = regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) -> 808
 func (k *kubeCluster) testPortForward(t *testing.T, p *corev1.Pod) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	k.portForward(ctx, t, p.Name, fmt.Sprintf("VMSHIM-HTTP-OK %s %s", p.Name, p.Status.PodIP))
+}
+
+// portForward runs `kubectl port-forward` to the pod's port 8080 and
+// checks that two connections through it get want from the guest.
+func (k *kubeCluster) portForward(ctx context.Context, t *testing.T, pod, want string) {
+	t.Helper()
 	outR, outW := io.Pipe()
-	k.startKubectl(t, nil, outW, "-n", kubeNamespace, "port-forward", "pod/"+p.Name, ":8080")
+	k.startKubectl(t, nil, outW, "-n", kubeNamespace, "port-forward", "pod/"+pod, ":8080")
 	ports := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(outR)
@@ -183,7 +190,6 @@ func (k *kubeCluster) testPortForward(t *testing.T, p *corev1.Pod) {
 		t.Fatal("kubectl port-forward never said where it listens")
 	}
 	t.Cleanup(func() { outW.Close() })
-	want := fmt.Sprintf("VMSHIM-HTTP-OK %s %s", p.Name, p.Status.PodIP)
 	n, err := strconv.Atoi(port)
 	if err != nil {
 		t.Fatal(err)
@@ -313,7 +319,7 @@ func (k *kubeCluster) testDelete(t *testing.T, p *corev1.Pod) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctr, sandbox := containerID(cur), k.sandboxID(ctx, t, string(p.UID))
+	ctr, sandbox := containerID(cur), k.node.sandboxID(ctx, t, string(p.UID))
 	console := newConsoleOut()
 	followed := k.startKubectl(t, nil, console, "-n", kubeNamespace, "logs", "-f", "--tail=1", p.Name)
 	grace := time.Duration(*p.Spec.TerminationGracePeriodSeconds) * time.Second
@@ -335,5 +341,5 @@ func (k *kubeCluster) testDelete(t *testing.T, p *corev1.Pod) {
 	if !strings.Contains(console.String(), markerACPI) {
 		t.Errorf("the guest did not shut down on the ACPI power button; its last console lines:\n%s", console.String())
 	}
-	k.assertPodGone(ctx, t, string(p.UID), sandbox, ctr)
+	k.assertPodGone(ctx, t, k.node, string(p.UID), sandbox, ctr)
 }
