@@ -20,11 +20,12 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// TestKube runs VM pods on a real single-node cluster (etcd,
-// kube-apiserver, kube-controller-manager, kube-scheduler and a kubelet on
-// the suite's containerd, in its network namespace) and drives them
-// through the API server with client-go and kubectl, as users do. The
-// cluster is started once for all the cases and removed after them.
+// TestKube runs VM pods on a real cluster (etcd, kube-apiserver,
+// kube-controller-manager, kube-scheduler and a kubelet on the suite's
+// containerd, in its network namespace; the last case adds a second
+// node) and drives them through the API server with client-go and
+// kubectl, as users do. The cluster is started once for all the cases
+// and removed after them.
 func TestKube(t *testing.T) {
 	k := startKube(t)
 	t.Run("RuntimeClass", k.testRuntimeClass)
@@ -36,6 +37,7 @@ func TestKube(t *testing.T) {
 	t.Run("BadInput", k.testBadInput)
 	t.Run("MixedPod", k.testMixedPod)
 	t.Run("Deployment", k.testDeployment)
+	t.Run("Drain", k.testDrain)
 }
 
 // testRuntimeClass: deploy/runtimeclass.yaml, applied unmodified when the
