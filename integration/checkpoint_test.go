@@ -73,16 +73,24 @@ func TestCtrCheckpointRestore(t *testing.T) {
 		if err := proc.Start(ectx); err != nil {
 			return "", err
 		}
+		var st client.ExitStatus
 		select {
-		case st := <-statusC:
-			proc.IO().Wait()
-			if code := st.ExitCode(); code != 0 {
-				return stdout.String(), fmt.Errorf("exit %d: %s", code, stderr.String())
-			}
-			return stdout.String(), nil
+		case st = <-statusC:
 		case <-ectx.Done():
-			return stdout.String(), fmt.Errorf("exec %q: %w", args, ectx.Err())
+			return stdout.String(), fmt.Errorf("exec %q never ended: %w; the shim's goroutines:\n%s", args, ectx.Err(), dumpShimStacks(d, cid))
 		}
+		output := make(chan struct{})
+		go func() { proc.IO().Wait(); close(output) }()
+		select {
+		case <-output:
+		case <-ectx.Done():
+			return stdout.String(), fmt.Errorf("exec %q exited %d, its output never ended: %w; the shim's goroutines:\n%s",
+				args, st.ExitCode(), ectx.Err(), dumpShimStacks(d, cid))
+		}
+		if code := st.ExitCode(); code != 0 {
+			return stdout.String(), fmt.Errorf("exit %d: %s", code, stderr.String())
+		}
+		return stdout.String(), nil
 	}
 	mustExec := func(cid string, args ...string) string {
 		t.Helper()

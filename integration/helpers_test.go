@@ -10,8 +10,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -282,6 +284,20 @@ func processesMentioning(s string) []string {
 		}
 	}
 	return out
+}
+
+// dumpShimStacks has the shim of container id write its goroutines into
+// the daemon's log (containerd's shims dump them on SIGUSR1), and returns
+// the end of that log: for a test that finds the shim stuck.
+func dumpShimStacks(d *daemon, id string) string {
+	for _, p := range processesMentioning(" -id " + id + " ") {
+		pid, cmdline, _ := strings.Cut(p, ": ")
+		if n, err := strconv.Atoi(pid); err == nil && strings.Contains(cmdline, "containerd-shim-vm-v2") {
+			_ = syscall.Kill(n, syscall.SIGUSR1)
+		}
+	}
+	time.Sleep(time.Second)
+	return tailFile(d.logPath, 64<<10)
 }
 
 // imageFileDigest returns the sha256 of a file inside an image's layers,
