@@ -43,7 +43,7 @@ func knownAnnotation(k string) bool {
 		AnnotationUserData, AnnotationSSHAuthorizedKeys, AnnotationKernelCmdline, AnnotationNetworkConfig,
 		AnnotationRootDiskVolume, AnnotationRootDiskPolicy, AnnotationDiskURL, AnnotationDiskSHA256,
 		AnnotationFirmware, AnnotationGraphics, AnnotationNICModel, AnnotationOS, AnnotationCPUTopology, AnnotationMaxMemory,
-		AnnotationMachine, AnnotationMesh, AnnotationOnStop, AnnotationOnResumeError:
+		AnnotationMachine, AnnotationMesh, AnnotationOnStop, AnnotationOnResumeError, AnnotationBalloon:
 		return true
 	}
 	return false

@@ -136,6 +136,18 @@ type Config struct {
 	// a saved state it cannot resume, when vmshim.io/on-resume-error
 	// does not say: OnResumeErrorRefuse or OnResumeErrorBoot.
 	OnResumeError string `toml:"on_resume_error"`
+	// MemMerge offers guest RAM to KSM, the kernel's same-page merging
+	// (QEMU's mem-merge, on by default); it takes effect only where the
+	// node runs KSM (/sys/kernel/mm/ksm/run).
+	MemMerge bool `toml:"mem_merge"`
+	// Balloon gives every VM whose guest RAM can be given back (not on
+	// huge pages, no passed-through device) a virtio-balloon device with
+	// free page reporting, unless vmshim.io/balloon says off.
+	Balloon bool `toml:"balloon"`
+	// BalloonStatsInterval is how often QEMU asks a guest with a balloon
+	// for its memory statistics, which the shim then reads as often: a
+	// Go duration of whole seconds, 1s to 1h, or 0 for never.
+	BalloonStatsInterval string `toml:"balloon_stats_interval"`
 	// QEMUUser was the one user every QEMU ran as; each VM now has its
 	// own (Jail). Kept only to name it when a config still sets it.
 	QEMUUser string `toml:"qemu_user"`
@@ -185,6 +197,9 @@ func Default() Config {
 		Mesh:                  MeshRefuse,
 		OnStop:                OnStopPoweroff,
 		OnResumeError:         OnResumeErrorRefuse,
+		Balloon:               true,
+		BalloonStatsInterval:  "10s",
+		MemMerge:              true,
 	}
 }
 
@@ -333,6 +348,11 @@ func (c Config) validate() error {
 	} else if d <= 0 {
 		add("boot_timeout", "%q must be greater than zero", c.BootTimeout)
 	}
+	if d, err := time.ParseDuration(c.BalloonStatsInterval); err != nil {
+		add("balloon_stats_interval", "%q is not a duration (e.g. 10s)", c.BalloonStatsInterval)
+	} else if d != 0 && (d < time.Second || d > maxBalloonStatsInterval || d%time.Second != 0) {
+		add("balloon_stats_interval", "%q is not 0 or a whole number of seconds from 1s to 1h", c.BalloonStatsInterval)
+	}
 	if c.CNINetwork != "" && !cniName.MatchString(c.CNINetwork) {
 		add("cni_network", "%q is not a CNI network name (letters, digits, _ . -, starting with a letter or digit)", c.CNINetwork)
 	}
@@ -394,6 +414,15 @@ func (c Config) validate() error {
 func (c Config) MemoryOverheadBytes() int64 { return mustBytes(c.MemoryOverhead) }
 
 // bootTimeout returns the validated boot_timeout.
+// maxBalloonStatsInterval bounds balloon_stats_interval.
+const maxBalloonStatsInterval = time.Hour
+
+// balloonStatsInterval is BalloonStatsInterval, once validated.
+func (c Config) balloonStatsInterval() time.Duration {
+	d, _ := time.ParseDuration(c.BalloonStatsInterval)
+	return d
+}
+
 func (c Config) bootTimeout() time.Duration {
 	d, _ := time.ParseDuration(c.BootTimeout)
 	return d

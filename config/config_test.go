@@ -38,7 +38,7 @@ func TestDefaultIsValid(t *testing.T) {
 			"100.100.100.200/32", "168.63.129.16/32", "192.0.0.192/32", "64:ff9b::a9fe:0/112", "2002:a9fe::/32"},
 		UEFICode: "/usr/share/OVMF/OVMF_CODE_4M.fd", UEFIVars: "/usr/share/OVMF/OVMF_VARS_4M.fd",
 		UEFISecureCode: "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd", UEFISecureVars: "/usr/share/OVMF/OVMF_VARS_4M.ms.fd",
-		Mesh: "refuse", OnStop: "poweroff", OnResumeError: "refuse",
+		Mesh: "refuse", OnStop: "poweroff", OnResumeError: "refuse", Balloon: true, BalloonStatsInterval: "10s", MemMerge: true,
 	}
 	if !reflect.DeepEqual(d, want) {
 		t.Fatalf("Default() = %+v, want %+v", d, want)
@@ -88,6 +88,9 @@ uefi_secure_vars = "/srv/ovmf/vars.ms.fd"
 mesh = "bypass"
 on_stop = "suspend"
 on_resume_error = "boot"
+balloon = false
+balloon_stats_interval = "0"
+mem_merge = false
 `,
 			want: func(c *Config) {
 				*c = Config{
@@ -102,7 +105,7 @@ on_resume_error = "boot"
 					URLDisks: true, URLDenyCIDRs: Default().URLDenyCIDRs,
 					UEFICode: "/srv/ovmf/code.fd", UEFIVars: "/srv/ovmf/vars.fd",
 					UEFISecureCode: "/srv/ovmf/code.secboot.fd", UEFISecureVars: "/srv/ovmf/vars.ms.fd",
-					Mesh: "bypass", OnStop: "suspend", OnResumeError: "boot",
+					Mesh: "bypass", OnStop: "suspend", OnResumeError: "boot", BalloonStatsInterval: "0",
 				}
 			},
 		},
@@ -174,6 +177,12 @@ on_resume_error = "boot"
 		{name: "empty url deny list", body: `url_deny_cidrs = []`, want: func(c *Config) { c.URLDenyCIDRs = []string{} }},
 		{name: "bad url deny list", body: `url_deny_cidrs = ["10.0.0.0/8", "metadata"]`, wantErr: `url_deny_cidrs: "metadata" is neither a CIDR nor an address`},
 		{name: "qemu user wrong type", body: `qemu_user = 0`, wantErr: "qemu_user"},
+		{name: "balloon statistics every minute", body: `balloon_stats_interval = "1m"`, want: func(c *Config) { c.BalloonStatsInterval = "1m" }},
+		{name: "balloon statistics too often", body: `balloon_stats_interval = "500ms"`,
+			wantErr: `balloon_stats_interval: "500ms" is not 0 or a whole number of seconds from 1s to 1h`},
+		{name: "balloon statistics in part seconds", body: `balloon_stats_interval = "1.5s"`, wantErr: `balloon_stats_interval: "1.5s" is not 0 or`},
+		{name: "balloon statistics too seldom", body: `balloon_stats_interval = "2h"`, wantErr: `balloon_stats_interval: "2h" is not 0 or`},
+		{name: "balloon statistics not a duration", body: `balloon_stats_interval = "often"`, wantErr: `balloon_stats_interval: "often" is not a duration`},
 		{name: "several problems", body: "accel = \"x\"\ndisk_driver = \"y\"", wantErr: `accel: "x" is not one of auto, kvm, tcg; disk_driver: "y"`},
 	}
 	for _, tc := range tests {

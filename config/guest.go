@@ -37,6 +37,16 @@ const (
 	// another shape, cut short, or refused by QEMU):
 	// OnResumeErrorRefuse or OnResumeErrorBoot.
 	AnnotationOnResumeError = AnnotationPrefix + "on-resume-error"
+	// AnnotationBalloon turns the VM's balloon (free page reporting and
+	// the guest's memory statistics) BalloonOn or BalloonOff, whatever
+	// the config's balloon says.
+	AnnotationBalloon = AnnotationPrefix + "balloon"
+)
+
+// Balloon choices (AnnotationBalloon).
+const (
+	BalloonOn  = "on"
+	BalloonOff = "off"
 )
 
 // AnnotationTerminationGracePeriod is the pod's
@@ -121,7 +131,7 @@ const (
 
 // guestAnnotations are the parsed annotations of this file; "" is unset.
 type guestAnnotations struct {
-	firmware, graphics, nicModel, os, machine, mesh, onStop, onResumeError string
+	firmware, graphics, nicModel, os, machine, mesh, onStop, onResumeError, balloon string
 }
 
 // parseGuestAnnotations reads the annotations that fit the VM to its guest.
@@ -140,6 +150,7 @@ func parseGuestAnnotations(in map[string]string) (guestAnnotations, error) {
 		{AnnotationMesh, &g.mesh, []string{MeshRefuse, MeshBypass}},
 		{AnnotationOnStop, &g.onStop, []string{OnStopPoweroff, OnStopSuspend}},
 		{AnnotationOnResumeError, &g.onResumeError, []string{OnResumeErrorRefuse, OnResumeErrorBoot}},
+		{AnnotationBalloon, &g.balloon, []string{BalloonOn, BalloonOff}},
 	} {
 		v, ok := in[a.key]
 		if !ok {

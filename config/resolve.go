@@ -51,6 +51,15 @@ type VM struct {
 	// boots the disk, instead of refusing the VM: vmshim.io/on-resume-error
 	// boot, or the config's on_resume_error.
 	ResumeErrorBoots bool
+	// Balloon gives the VM a virtio-balloon device with free page
+	// reporting (vmshim.io/balloon, else the config's balloon; never
+	// with guest RAM on huge pages). BalloonAsked says the annotation
+	// asked for it: a VM that cannot have one (a passed-through
+	// device, known at launch) is refused rather than run without.
+	Balloon, BalloonAsked bool
+	// BalloonStatsInterval is how often the guest's memory statistics
+	// are asked for and read; 0 for never.
+	BalloonStatsInterval time.Duration
 
 	Resources Resources
 }
@@ -103,6 +112,9 @@ func Resolve(cfg Config, id string, spec *specs.Spec) (*VM, error) {
 		return nil, err
 	}
 	vm.DiskURL, vm.DiskSHA256 = ann.diskURL, ann.diskSHA256
+	if err := resolveBalloon(cfg, ann, vm); err != nil {
+		return nil, err
+	}
 	resolveGuest(vm, ann)
 	vm.Mesh = cfg.Mesh
 	if ann.guest.mesh != "" {
@@ -214,6 +226,33 @@ func resolveGuest(vm *VM, ann annotations) {
 	if g.nicModel != "" {
 		vm.NICModel = g.nicModel
 	}
+}
+
+// resolveBalloon decides whether the VM gets a balloon, once its guest
+// RAM is resolved: not on huge pages, which are preallocated and cannot
+// be given back (asked for there, it is refused in one line; OnHugePages
+// does the same for huge pages found later).
+func resolveBalloon(cfg Config, ann annotations, vm *VM) error {
+	switch ann.guest.balloon {
+	case BalloonOn:
+		if vm.Resources.HugePageSize != 0 {
+			return balloonOnHugePages("the container's hugepages limit")
+		}
+		vm.Balloon, vm.BalloonAsked = true, true
+	case BalloonOff:
+	default:
+		vm.Balloon = cfg.Balloon && vm.Resources.HugePageSize == 0
+	}
+	if vm.Balloon {
+		vm.BalloonStatsInterval = cfg.balloonStatsInterval()
+	}
+	return nil
+}
+
+// balloonOnHugePages is the error of a balloon asked for with guest RAM
+// on huge pages, which what asks for.
+func balloonOnHugePages(what string) error {
+	return annotationErr(AnnotationBalloon, "%s: guest RAM on huge pages (as %s asks) is preallocated and cannot be given back", BalloonOn, what)
 }
 
 // maxStopGrace bounds AnnotationTerminationGracePeriod: a day.

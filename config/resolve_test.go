@@ -69,7 +69,7 @@ func baseVM() VM {
 	return VM{
 		ID: "c1", Hostname: "vm1", VCPUs: 1, MemoryMiB: 512, DiskDriver: "virtio-blk",
 		KernelCmdline: "console=ttyS0 no_timer_check", Env: []string{"A=1"}, BootTimeout: 60 * time.Second,
-		Mesh: MeshRefuse,
+		Mesh: MeshRefuse, Balloon: true, BalloonStatsInterval: 10 * time.Second,
 	}
 }
 
@@ -87,6 +87,18 @@ func TestResolve(t *testing.T) {
 			c.DefaultVCPUs, c.DefaultMemory, c.DiskDriver, c.BootTimeout = 2, "1Gi", "nvme", "5s"
 		}, spec: newSpec(), want: func(v *VM) { v.VCPUs, v.MemoryMiB, v.DiskDriver, v.BootTimeout = 2, 1024, "nvme", 5*time.Second }},
 		{name: "no process", spec: &specs.Spec{}, want: func(v *VM) { v.Hostname, v.Env = "", nil }},
+
+		// The balloon
+		{name: "balloon off", spec: newSpec(withAnn(AnnotationBalloon, "off")), want: func(v *VM) { v.Balloon, v.BalloonStatsInterval = false, 0 }},
+		{name: "balloon off in the config", cfg: func(c *Config) { c.Balloon = false }, spec: newSpec(),
+			want: func(v *VM) { v.Balloon, v.BalloonStatsInterval = false, 0 }},
+		{name: "balloon on over the config", cfg: func(c *Config) { c.Balloon, c.BalloonStatsInterval = false, "0" },
+			spec: newSpec(withAnn(AnnotationBalloon, "on")), want: func(v *VM) { v.BalloonAsked, v.BalloonStatsInterval = true, 0 }},
+		{name: "balloon statistics every minute", cfg: func(c *Config) { c.BalloonStatsInterval = "1m" }, spec: newSpec(),
+			want: func(v *VM) { v.BalloonStatsInterval = time.Minute }},
+		{name: "balloon yes", spec: newSpec(withAnn(AnnotationBalloon, "yes")), wantErr: `annotation vmshim.io/balloon: "yes" is not one of on, off`},
+		{name: "balloon on huge pages", spec: newSpec(withAnn(AnnotationBalloon, "on"), withMemory(512<<20), withHugePages("2MB", 512<<20)),
+			wantErr: "annotation vmshim.io/balloon: on: guest RAM on huge pages (as the container's hugepages limit asks) is preallocated and cannot be given back"},
 
 		// vCPUs
 		{name: "vcpus annotation", spec: newSpec(withAnn(AnnotationVCPUs, "4")), want: func(v *VM) { v.VCPUs = 4 }},

@@ -150,7 +150,8 @@ func resolveHugePages(ann annotations, res *specs.LinuxResources, vm *VM) error 
 
 // OnHugePages puts guest RAM on huge pages of size bytes, as what names
 // (the container's hugepages limit, or a hugetlbfs volume it mounts)
-// asks. Guest RAM must be a whole number of pages, and cannot be resized.
+// asks. Guest RAM must be a whole number of pages, and cannot be resized
+// or given back (no balloon).
 func (vm *VM) OnHugePages(size int64, what string) error {
 	r := &vm.Resources
 	if r.HugePageSize != 0 && r.HugePageSize != size {
@@ -159,7 +160,11 @@ func (vm *VM) OnHugePages(size int64, what string) error {
 	if int64(vm.MemoryMiB)<<20%size != 0 {
 		return invalidf("%s: guest RAM of %d MiB is not a whole number of %d MiB huge pages", what, vm.MemoryMiB, size>>20)
 	}
+	if vm.BalloonAsked {
+		return balloonOnHugePages(what)
+	}
 	r.HugePageSize, r.MaxMemoryMiB, r.MemoryFixedBy = size, vm.MemoryMiB, "guest RAM is on huge pages"
+	vm.Balloon, vm.BalloonStatsInterval = false, 0
 	return nil
 }
 

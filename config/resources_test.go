@@ -127,11 +127,29 @@ func TestOnHugePages(t *testing.T) {
 	if !reflect.DeepEqual(vm.Resources, want) {
 		t.Errorf("resources %+v, want %+v", vm.Resources, want)
 	}
+	if vm.Balloon || vm.BalloonStatsInterval != 0 {
+		t.Errorf("guest RAM on huge pages keeps its balloon (%v, statistics every %v)", vm.Balloon, vm.BalloonStatsInterval)
+	}
 	if err := vm.OnHugePages(2<<20, "another hugetlbfs volume"); err != nil {
 		t.Errorf("a second volume of the same page size: %v", err)
 	}
 	if err := vm.OnHugePages(1<<30, "a hugetlbfs volume"); err == nil ||
 		err.Error() != "a hugetlbfs volume has 1024 MiB pages, and guest RAM is already on 2 MiB pages" {
 		t.Errorf("a volume of another page size: %v", err)
+	}
+
+	// A balloon the annotation asked for cannot have guest RAM on huge
+	// pages.
+	vm, err = Resolve(Default(), "c1", newSpec(withMemory(512<<20), withAnn(AnnotationBalloon, "on")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = vm.OnHugePages(2<<20, "a hugetlbfs volume")
+	if want := "annotation vmshim.io/balloon: on: guest RAM on huge pages (as a hugetlbfs volume asks) is preallocated and cannot be given back"; err == nil ||
+		!errdefs.IsInvalidArgument(err) || err.Error() != want {
+		t.Errorf("huge pages with the balloon asked for: %v, want %q", err, want)
+	}
+	if vm.Resources.HugePageSize != 0 {
+		t.Errorf("the refused huge pages were taken: %+v", vm.Resources)
 	}
 }

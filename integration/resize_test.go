@@ -260,6 +260,9 @@ func TestCRIHugePages(t *testing.T) {
 	if memTotal > guestMiB<<10 || memTotal < (guestMiB-64)<<10 {
 		t.Errorf("guest MemTotal %d KiB, want about %d MiB", memTotal, guestMiB)
 	}
+	if qemuHasBalloon(t, vm.id) {
+		t.Errorf("guest RAM on huge pages, and qemu has %s", balloonArg)
+	}
 	p.remove(t)
 	assertNothingLeftCRI(t, vm.id)
 	if after := free(); after != freeBefore {
@@ -286,6 +289,28 @@ func TestCRIHugePages(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "a hugetlbfs volume: guest RAM of 385 MiB is not a whole number of 2 MiB huge pages") {
 		t.Errorf("refusal %q", err)
+	}
+	p.remove(t)
+	if after := free(); after != freeBefore {
+		t.Errorf("%d huge pages free after the refused pod, want %d", after, freeBefore)
+	}
+
+	// A balloon asked for cannot give back guest RAM on huge pages: the
+	// VM is refused in one line.
+	p = c.runPodLimited(ctx, t, "hugepages-balloon", guestMiB<<20+podOverhead)
+	created, err = c.runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: p.id, SandboxConfig: p.config,
+		Config: &runtimeapi.ContainerConfig{
+			Metadata:    &runtimeapi.ContainerMetadata{Name: "vm"},
+			Image:       &runtimeapi.ImageSpec{Image: imageKernelAgent},
+			Annotations: map[string]string{"vmshim.io/balloon": "on"},
+			Linux:       &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: guestMiB << 20}},
+			Mounts:      []*runtimeapi.Mount{{ContainerPath: "/hugepages-2Mi", HostPath: vol}},
+		}})
+	if err == nil {
+		_, err = c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: created.ContainerId})
+	}
+	if err == nil || !strings.Contains(err.Error(), "annotation vmshim.io/balloon: on: guest RAM on huge pages (as a hugetlbfs volume asks) is preallocated and cannot be given back") {
+		t.Errorf("a balloon asked for on huge pages: %v, want a refusal", err)
 	}
 	p.remove(t)
 	if after := free(); after != freeBefore {

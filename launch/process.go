@@ -93,9 +93,14 @@ func (c *build) qemu(ctx context.Context) (err error) {
 		stderr.Close()
 		return err // the rollback stops QEMU
 	}
+	guestMem, err := c.watchGuestMemory(bootCtx, vm)
+	if err != nil {
+		stderr.Close()
+		return fmt.Errorf("start vm %s: the balloon's statistics: %w", c.r.ID, err) // the rollback stops QEMU
+	}
 	saver := c.newSaver()
 	c.vm = &qemuVM{proc: vm, limits: c.limits, console: c.console, rec: c.rec, stderr: stderr, hooks: c.hooks, oom: c.watchOOM(),
-		saver: saver, suspend: c.newSuspender(saver), relink: relink}
+		saver: saver, suspend: c.newSuspender(saver), relink: relink, guestMem: guestMem}
 	if c.vnc != nil {
 		c.vnc.vm.Store(vm)
 	}

@@ -21,17 +21,18 @@ import (
 // method says where it goes: the process (proc), the VM's cgroup
 // (limits), the hooks, or the resources Release frees.
 type qemuVM struct {
-	proc    *qemu.VM
-	limits  *cgroupLimits
-	console net.Conn
-	rec     *Record
-	stderr  io.Closer
-	hooks   *ociHooks
-	oom     *oom.Watcher // nil when the VM has no cgroup, or it could not be watched
-	resize  *resizer     // resizes the running VM; nil until it runs
-	saver   *saver       // saves the VM; nil for one without a filesystem root-disk volume
-	suspend *suspender   // saves the VM at a stop; nil for one that powers off
-	relink  *relinker    // brings a resumed guest's NICs back up; nil for a booted one
+	proc     *qemu.VM
+	limits   *cgroupLimits
+	console  net.Conn
+	rec      *Record
+	stderr   io.Closer
+	hooks    *ociHooks
+	oom      *oom.Watcher // nil when the VM has no cgroup, or it could not be watched
+	resize   *resizer     // resizes the running VM; nil until it runs
+	saver    *saver       // saves the VM; nil for one without a filesystem root-disk volume
+	suspend  *suspender   // saves the VM at a stop; nil for one that powers off
+	relink   *relinker    // brings a resumed guest's NICs back up; nil for a booted one
+	guestMem *guestMemory // the guest's memory statistics; nil without a balloon
 
 	closeOnce sync.Once // closes stderr and oom once
 }
@@ -87,8 +88,12 @@ func (v *qemuVM) Done() <-chan struct{} { return v.proc.Done() }
 // ExitStatus is QEMU's exit status, once Done.
 func (v *qemuVM) ExitStatus() (int, time.Time) { return v.proc.ExitStatus() }
 
-// Stats reads the VM's cgroup.
-func (v *qemuVM) Stats(ctx context.Context) (proto.Message, error) { return v.limits.Stats(ctx) }
+// Stats reads the VM's cgroup: the host's view of what the VM costs,
+// which the guest's own (GuestMemory) joins in the shim's debug log.
+func (v *qemuVM) Stats(ctx context.Context) (proto.Message, error) {
+	v.logGuestMemory(ctx)
+	return v.limits.Stats(ctx)
+}
 
 // Update resizes the VM to new resources: its cgroup, vCPUs, guest RAM
 // and pinning.

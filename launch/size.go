@@ -2,10 +2,12 @@ package launch
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"strconv"
 	"strings"
 
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/vmshim/vmshim/config"
@@ -25,14 +27,19 @@ const (
 
 // resources sizes the VM (step "resources"): the vCPUs it boots with and
 // can grow to, in their topology; guest RAM, on huge pages or with a
-// virtio-mem device to resize it; and, with a cpuset, where each vCPU
-// runs and the guest NUMA nodes that follow from it.
+// virtio-mem device to resize it, and the balloon that gives back what
+// the guest frees; and, with a cpuset, where each vCPU runs and the
+// guest NUMA nodes that follow from it.
 func (c *build) resources(context.Context) error {
 	r := c.desc.Resources
 	c.qs.CPUs, c.qs.MemoryMiB = c.desc.VCPUs, c.desc.MemoryMiB
 	c.qs.Topology = qemu.Topology(r.Topology)
 	c.qs.MaxCPUs = r.MaxVCPUs
 	c.qs.HugePageSize = r.HugePageSize
+	c.qs.Unmergeable = !c.cfg.MemMerge
+	if err := c.balloon(); err != nil {
+		return err
+	}
 	if grow := r.MaxMemoryMiB - c.desc.MemoryMiB; grow > 0 {
 		c.qs.ResizeMiB = grow - grow%qemu.VirtioMemBlockMiB
 	}
@@ -113,4 +120,20 @@ func linuxResources(spec *specs.Spec) *specs.LinuxResources {
 		return nil
 	}
 	return spec.Linux.Resources
+}
+
+// balloon gives the VM its balloon, as its description asks, unless it
+// has a passed-through device, whose DMA pins all of guest RAM: then it
+// has none, or, when the annotation asked for one, it is refused.
+func (c *build) balloon() error {
+	c.qs.Balloon = c.desc.Balloon
+	if !c.qs.Balloon || len(c.qs.VFIO) == 0 {
+		return nil
+	}
+	if c.desc.BalloonAsked {
+		return fmt.Errorf("annotation %s: %s: guest RAM of a VM with a passed-through device (%s) is pinned and cannot be given back: %w",
+			config.AnnotationBalloon, config.BalloonOn, c.qs.VFIO[0], errdefs.ErrInvalidArgument)
+	}
+	c.qs.Balloon = false
+	return nil
 }

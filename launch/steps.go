@@ -33,7 +33,7 @@ const (
 	accelChosen   product = "accelerator"  // c.qs.Accel
 	jailDescribed product = "jail"         // c.j: the jail, shares and device nodes in it
 	kernelBound   product = "kernel"       // c.qs.Kernel and Initrd, in the jail
-	sized         product = "size"         // vCPUs, guest RAM, NUMA; kernel arguments they need
+	sized         product = "size"         // vCPUs, guest RAM, NUMA, the balloon; kernel arguments they need
 	qemuRunning   product = "qemu"         // c.vm: QEMU, paused
 	resizerReady  product = "resizer"      // c.vm.resize, vCPUs pinned
 )
@@ -60,7 +60,7 @@ var steps = []step{
 	{"accelerator", []product{described}, []product{accelChosen}, (*build).accel},
 	{"jail", []product{recorded, accelChosen, sharesListed, devicesOpen}, []product{jailDescribed}, (*build).jail},
 	{"kernel", []product{rootfsFound, jailDescribed}, []product{kernelBound}, (*build).kernel},
-	{"resources", []product{kernelBound, rootDiskMade, accelChosen}, []product{sized}, (*build).resources},
+	{"resources", []product{kernelBound, rootDiskMade, accelChosen, sharesListed, devicesOpen}, []product{sized}, (*build).resources},
 	{"qemu", []product{cgrouped, nicsWired, seedWritten, firmwareOpen, jailDescribed, sized}, []product{qemuRunning}, (*build).qemu},
 	{"pin vcpus", []product{qemuRunning, sized}, []product{resizerReady}, (*build).newResizer},
 }

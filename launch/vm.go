@@ -70,6 +70,13 @@ type Checkpointer interface {
 	Checkpoint(ctx context.Context, dir string) error
 }
 
+// GuestMemoryReporter is a VM whose guest reports its own view of its
+// memory (through its balloon): GuestMemory is one line of figures for
+// the shim's log, "" when the guest has reported none.
+type GuestMemoryReporter interface {
+	GuestMemory(ctx context.Context) (string, error)
+}
+
 // OOMCounter counts the OOM kills in a memory cgroup (see oom.Watcher).
 type OOMCounter interface {
 	// Events has a value after one or more kills; it is closed when the

@@ -173,7 +173,8 @@ func BuildArgs(s Spec) ([]string, error) {
 	for i, addr := range s.VFIO {
 		args = append(args, "-device", "vfio-pci,host="+addr+",id="+VFIODeviceID(i))
 	}
-	return append(args, s.virtioMemArgs()...), nil
+	args = append(args, s.virtioMemArgs()...)
+	return append(args, s.balloonArgs()...), nil
 }
 
 // listenChardev renders a server socket chardev: on the listening socket

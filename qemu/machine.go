@@ -28,9 +28,9 @@ func (s Spec) microVM() bool { return s.Machine == MachineMicroVM }
 // console, and its RTC.
 func (s Spec) machineArgs() []string {
 	if s.microVM() {
-		return []string{"-machine", MachineMicroVM + ",isa-serial=on,rtc=on,pcie=off" + s.machineMemory()}
+		return []string{"-machine", MachineMicroVM + ",isa-serial=on,rtc=on,pcie=off" + s.machineMemory() + s.memMerge()}
 	}
-	m := MachineQ35 + s.machineMemory() + ",smbus=off"
+	m := MachineQ35 + s.machineMemory() + s.memMerge() + ",smbus=off"
 	if !s.VNC {
 		m += ",vmport=off" // a screen's guest may drive its mouse through it
 	}
@@ -44,6 +44,15 @@ func (s Spec) machineArgs() []string {
 		m += ",pflash0=" + FirmwareCodeNode + ",pflash1=" + FirmwareVarsNode
 	}
 	return []string{"-machine", m}
+}
+
+// memMerge is the -machine option that keeps guest RAM from KSM, when
+// the VM asks.
+func (s Spec) memMerge() string {
+	if s.Unmergeable {
+		return ",mem-merge=off"
+	}
+	return ""
 }
 
 // onSATA reports whether a drive of s is on the SATA controller.

@@ -149,6 +149,14 @@ type Spec struct {
 	Windows bool
 	// Machine is MachineQ35 (also when "") or MachineMicroVM.
 	Machine string
+	// Unmergeable keeps guest RAM from KSM (mem-merge=off): by QEMU's
+	// default it is offered (MADV_MERGEABLE), which costs nothing where
+	// the node does not run KSM.
+	Unmergeable bool
+	// Balloon gives the VM a virtio-balloon device, never inflated, with
+	// free page reporting: the pages the guest frees go back to the
+	// host. Not with guest RAM on huge pages or VFIO devices.
+	Balloon bool
 	// FDSets are inherited fds QEMU files under fd sets (-add-fd); a
 	// drive whose Path is FDSetPath(set) opens the fd of its set whose
 	// access mode matches, so QEMU resolves no path of its own.
@@ -234,6 +242,9 @@ func (s Spec) Validate() error {
 		return err
 	}
 	if err := validateVFIO(s.VFIO); err != nil {
+		return err
+	}
+	if err := s.validateBalloon(); err != nil {
 		return err
 	}
 	return s.validateMachine()

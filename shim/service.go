@@ -74,6 +74,7 @@ func NewTaskService(ctx context.Context, publisher shim.Publisher, sd shutdown.S
 	}
 	s.evCond = sync.NewCond(&s.evMu)
 	go s.forward(ctx, publisher)
+	s.reportGuestMemoryOnSignal(ctx)
 	sd.RegisterCallback(s.closeEvents)
 	// The start action put the shim of a CRI pod in a cgroup of its own,
 	// inside the pod's, and named it in the bundle (the working

@@ -265,8 +265,11 @@ build_initrd() {
 	if [ "$flavour" = agent ]; then
 		# virtio_console drives the virtio-serial port qemu-ga talks on;
 		# 9pnet_virtio and 9p (with 9pnet, netfs and fscache) let an exec
-		# mount a volume's share.
-		for m in virtio_console 9pnet_virtio 9p; do
+		# mount a volume's share. virtio_balloon reports the pages the
+		# guest frees and its memory statistics to the shim's balloon;
+		# the other flavours leave it out, and show a guest without it
+		# runs as before beside the device.
+		for m in virtio_console 9pnet_virtio 9p virtio_balloon; do
 			add_module "$tree" "$m" "$root/lib/modules" "$root/lib/modules/order"
 		done
 		install_elf "$stage" "$root" "$AGENT_BIN"

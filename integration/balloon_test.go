@@ -1,0 +1,175 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// balloonArg is the balloon device in QEMU's argv.
+const balloonArg = "virtio-balloon-pci,id=balloon0,free-page-reporting=on"
+
+// qemuHasBalloon tells whether the QEMU of container id has a balloon.
+func qemuHasBalloon(t *testing.T, id string) bool {
+	t.Helper()
+	pid, err := pidOf("guest=" + id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv, err := procCmdline(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.Contains(argv, balloonArg)
+}
+
+// lastLineWith returns the last line of the file that holds every one
+// of parts, or "".
+func lastLineWith(path string, parts ...string) string {
+	data, _ := os.ReadFile(path)
+	lines := strings.Split(string(data), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(lines[i], p) }) {
+			return lines[i]
+		}
+	}
+	return ""
+}
+
+// TestCRIBalloon: a VM has a balloon with free page reporting. A guest
+// that fills 400 MiB of a tmpfs and frees it gives the pages back: QEMU's
+// resident guest RAM and the container's memory usage in the CRI's stats
+// fall by at least 350 MiB. Its memory statistics reach the shim's log
+// at SIGUSR2. With vmshim.io/balloon off, QEMU has no balloon, and the
+// same guest's freed pages stay with it.
+func TestCRIBalloon(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*bootTimeout)
+	defer cancel()
+	c := newCRI(t, env.daemon)
+	p, vm := bootBalloonVM(ctx, t, c, "balloon", nil)
+	if !qemuHasBalloon(t, vm.id) {
+		t.Fatalf("qemu has no %s", balloonArg)
+	}
+	if out := vm.mustExec(ctx, t, "sh", "-c", "ls -d /sys/bus/virtio/drivers/virtio_balloon/virtio*"); !strings.Contains(out, "virtio") {
+		t.Fatalf("the guest's virtio_balloon drives no device: %q", out)
+	}
+	filled, now, took, gaveBack := fillAndFree(ctx, t, c, vm, time.Minute)
+	t.Logf("%v after the guest freed %d MiB: guest RAM resident %d MiB (-%d), container usage %d MiB (-%d)",
+		took.Round(100*time.Millisecond), balloonFillMiB, now.guestMiB, filled.guestMiB-now.guestMiB, now.usageMiB, filled.usageMiB-now.usageMiB)
+	if !gaveBack {
+		t.Errorf("the freed pages did not go back to the host: guest RAM resident %d MiB, container usage %d MiB (filled: %d, %d)",
+			now.guestMiB, now.usageMiB, filled.guestMiB, filled.usageMiB)
+	}
+
+	// The guest's statistics, in the shim's log at SIGUSR2.
+	shim := podShim(t, p)
+	var line string
+	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(context.Context) (bool, error) {
+		if err := syscall.Kill(shim, syscall.SIGUSR2); err != nil {
+			return false, err
+		}
+		time.Sleep(200 * time.Millisecond)
+		line = lastLineWith(env.daemon.logPath, "guest memory: total=", "id="+vm.id)
+		return line != "", nil
+	})
+	if err != nil {
+		t.Errorf("no guest memory statistics in the daemon's log after SIGUSR2 to the shim:\n%s", tailFile(env.daemon.logPath, 2000))
+	} else {
+		t.Logf("%s", line)
+	}
+	p.remove(t)
+	assertNothingLeftCRI(t, vm.id)
+
+	// Turned off by its annotation: no balloon, and what the guest frees
+	// stays with QEMU.
+	q, off := bootBalloonVM(ctx, t, c, "balloon-off", map[string]string{"vmshim.io/balloon": "off"})
+	if qemuHasBalloon(t, off.id) {
+		t.Errorf("vmshim.io/balloon off: qemu has %s", balloonArg)
+	}
+	filled, now, _, gaveBack = fillAndFree(ctx, t, c, off, 10*time.Second)
+	t.Logf("without the balloon, 10 s after the guest freed %d MiB: guest RAM resident %d MiB (filled %d), container usage %d MiB (filled %d)",
+		balloonFillMiB, now.guestMiB, filled.guestMiB, now.usageMiB, filled.usageMiB)
+	if gaveBack {
+		t.Errorf("without a balloon the freed pages went back to the host: the test does not tell the balloon's work")
+	}
+	q.remove(t)
+	assertNothingLeftCRI(t, off.id)
+}
+
+// The balloon test's guest: 1 GiB of RAM, of which it fills and frees
+// balloonFillMiB.
+const (
+	balloonGuestMiB = 1024
+	balloonFillMiB  = 400
+)
+
+// bootBalloonVM boots the agent guest with balloonGuestMiB of RAM and
+// annotations in a pod of its own.
+func bootBalloonVM(ctx context.Context, t *testing.T, c *cri, name string, annotations map[string]string) (*pod, *criContainer) {
+	t.Helper()
+	p := c.runPodLimited(ctx, t, name, balloonGuestMiB<<20+podOverhead)
+	vm := p.createVMWith(ctx, t, imageKernelAgent, func(cfg *runtimeapi.ContainerConfig) {
+		cfg.Annotations = annotations
+		cfg.Linux = &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: balloonGuestMiB << 20}}
+	})
+	if _, err := c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: vm.id}); err != nil {
+		t.Fatalf("StartContainer: %v", err)
+	}
+	vm.waitLog(ctx, t, markerAgent)
+	vm.waitLog(ctx, t, markerBooted)
+	return p, vm
+}
+
+// balloonFigures are a VM's guest RAM resident in QEMU and its
+// container's memory usage as the CRI's stats give it.
+type balloonFigures struct{ guestMiB, usageMiB int }
+
+// fillAndFree has the guest fill balloonFillMiB of a tmpfs and free it,
+// and waits at most within for QEMU's resident guest RAM and the
+// container's usage both to fall by 350 MiB: the figures once filled,
+// the last ones, how long it waited, and whether they fell.
+func fillAndFree(ctx context.Context, t *testing.T, c *cri, vm *criContainer, within time.Duration) (filled, now balloonFigures, took time.Duration, fell bool) {
+	t.Helper()
+	qemuPid, err := pidOf("guest=" + vm.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	measure := func() balloonFigures {
+		t.Helper()
+		m, err := processMemory(qemuPid, balloonGuestMiB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs, err := c.runtime.ContainerStats(ctx, &runtimeapi.ContainerStatsRequest{ContainerId: vm.id})
+		if err != nil {
+			t.Fatalf("ContainerStats: %v", err)
+		}
+		return balloonFigures{guestMiB: m.guestKiB >> 10, usageMiB: int(cs.Stats.GetMemory().GetUsageBytes().GetValue() >> 20)}
+	}
+	idle := measure()
+	vm.mustExec(ctx, t, "sh", "-c", fmt.Sprintf("mkdir -p /fill && mount -t tmpfs -o size=512m fill /fill && "+
+		"dd if=/dev/zero of=/fill/zero bs=1M count=%d 2>/dev/null", balloonFillMiB))
+	filled = measure()
+	t.Logf("%s idle: guest RAM resident %d MiB, container usage %d MiB; after filling %d MiB: %d MiB, %d MiB",
+		vm.id[:12], idle.guestMiB, idle.usageMiB, balloonFillMiB, filled.guestMiB, filled.usageMiB)
+	if filled.guestMiB-idle.guestMiB < balloonFillMiB-50 {
+		t.Fatalf("the fill did not reach the host: guest RAM resident %d MiB, then %d MiB", idle.guestMiB, filled.guestMiB)
+	}
+	vm.mustExec(ctx, t, "sh", "-c", "rm /fill/zero && umount /fill")
+	freed := time.Now()
+	// The guest reports freed blocks 2 s after they were freed; the bound
+	// here is generous, and the time it takes the bench's to judge.
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, within, true, func(context.Context) (bool, error) {
+		now = measure()
+		return filled.guestMiB-now.guestMiB >= 350 && filled.usageMiB-now.usageMiB >= 350, nil
+	})
+	return filled, now, time.Since(freed), err == nil
+}
