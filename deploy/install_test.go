@@ -437,3 +437,50 @@ func TestDropinLoadsInContainerd(t *testing.T) {
 		})
 	}
 }
+
+// The ConfigMap's ksm turns the node's KSM on or off, or leaves it.
+func TestInstallKSM(t *testing.T) {
+	for _, tc := range []struct {
+		name, ksm, before string // before "": the node's kernel has no KSM
+		after, wantOut     string
+		wantErr            bool
+	}{
+		{name: "keep", ksm: "keep", before: "0", after: "0"},
+		{name: "no key", ksm: "", before: "1", after: "1"},
+		{name: "on", ksm: "on", before: "0", after: "1", wantOut: "turned KSM on"},
+		{name: "already on", ksm: "on\n", before: "1", after: "1", wantOut: "KSM is already on"},
+		{name: "off", ksm: "off", before: "1", after: "2", wantOut: "turned KSM off"},
+		{name: "off, never on", ksm: "off", before: "0", after: "0", wantOut: "KSM is already off"},
+		{name: "bad value", ksm: "yes", before: "0", after: "0", wantOut: `ksm: "yes" is not keep, on or off`, wantErr: true},
+		{name: "no ksm in the kernel", ksm: "on", wantOut: "this node's kernel has no KSM", wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newFakeNode(t)
+			ksmDir := filepath.Join(n.dir, "ksm")
+			n.mkdir(ksmDir)
+			run := filepath.Join(ksmDir, "run")
+			if tc.before != "" {
+				n.write(run, tc.before+"\n", 0o644)
+			}
+			key := filepath.Join(n.configDir, "ksm")
+			if tc.ksm == "" {
+				if err := os.Remove(key); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				n.write(key, tc.ksm, 0o644)
+			}
+			n.env = append(n.env, "KSM_DIR="+ksmDir)
+			out, _, err := n.run()
+			if (err != nil) != tc.wantErr || !strings.Contains(out, tc.wantOut) {
+				t.Fatalf("install.sh: %v, want error %v and output with %q:\n%s", err, tc.wantErr, tc.wantOut, out)
+			}
+			if tc.before == "" {
+				return
+			}
+			if got := strings.TrimSpace(n.read(filepath.Join("..", "ksm", "run"))); got != tc.after {
+				t.Errorf("ksm run %q after install.sh, want %q", got, tc.after)
+			}
+		})
+	}
+}
