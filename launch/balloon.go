@@ -2,13 +2,32 @@ package launch
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
+	"github.com/vmshim/vmshim/config"
 	"github.com/vmshim/vmshim/qemu"
 )
+
+// balloon gives the VM its balloon, as its description asks, unless it
+// has a passed-through device, whose DMA pins all of guest RAM: then it
+// has none, or, when the annotation asked for one, it is refused.
+func (c *build) balloon() error {
+	c.qs.Balloon = c.desc.Balloon
+	if !c.qs.Balloon || len(c.qs.VFIO) == 0 {
+		return nil
+	}
+	if c.desc.BalloonAsked {
+		return fmt.Errorf("annotation %s: %s: guest RAM of a VM with a passed-through device (%s) is pinned and cannot be given back: %w",
+			config.AnnotationBalloon, config.BalloonOn, c.qs.VFIO[0], errdefs.ErrInvalidArgument)
+	}
+	c.qs.Balloon = false
+	return nil
+}
 
 // guestMemory is the guest's own view of its memory, through the VM's
 // balloon: QEMU asks the guest for its statistics every interval, and

@@ -2,12 +2,10 @@ package launch
 
 import (
 	"context"
-	"fmt"
 	"runtime"
 	"strconv"
 	"strings"
 
-	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/vmshim/vmshim/config"
@@ -120,20 +118,4 @@ func linuxResources(spec *specs.Spec) *specs.LinuxResources {
 		return nil
 	}
 	return spec.Linux.Resources
-}
-
-// balloon gives the VM its balloon, as its description asks, unless it
-// has a passed-through device, whose DMA pins all of guest RAM: then it
-// has none, or, when the annotation asked for one, it is refused.
-func (c *build) balloon() error {
-	c.qs.Balloon = c.desc.Balloon
-	if !c.qs.Balloon || len(c.qs.VFIO) == 0 {
-		return nil
-	}
-	if c.desc.BalloonAsked {
-		return fmt.Errorf("annotation %s: %s: guest RAM of a VM with a passed-through device (%s) is pinned and cannot be given back: %w",
-			config.AnnotationBalloon, config.BalloonOn, c.qs.VFIO[0], errdefs.ErrInvalidArgument)
-	}
-	c.qs.Balloon = false
-	return nil
 }

@@ -41,6 +41,7 @@ func stateShape(qs *qemu.Spec) rootdisk.StateInfo {
 		MaxVCPUs:  max(qs.CPUs, qs.MaxCPUs),
 		MemoryMiB: qs.MemoryMiB,
 		ResizeMiB: qs.ResizeMiB,
+		Balloon:   qs.Balloon,
 	}
 	if info.Machine == "" {
 		info.Machine = config.MachineQ35
@@ -87,10 +88,21 @@ func stateDiffers(saved, now rootdisk.StateInfo) string {
 	if saved.ResizeMiB != now.ResizeMiB {
 		d = append(d, fmt.Sprintf("guest RAM that can grow by %d MiB, not %d", now.ResizeMiB, saved.ResizeMiB))
 	}
+	if saved.Balloon != now.Balloon {
+		d = append(d, fmt.Sprintf("%s, not %s", balloonName(now.Balloon), balloonName(saved.Balloon)))
+	}
 	if len(saved.MACs) != len(now.MACs) {
 		d = append(d, fmt.Sprintf("%d NICs, not %d", len(now.MACs), len(saved.MACs)))
 	}
 	return strings.Join(d, ", ")
+}
+
+// balloonName says whether a VM has a balloon, for stateDiffers.
+func balloonName(has bool) string {
+	if has {
+		return "a balloon"
+	}
+	return "no balloon"
 }
 
 // errSaved is a save of a VM saved already, which ends.

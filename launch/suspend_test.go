@@ -21,7 +21,7 @@ import (
 // TestStateDiffers: what a resume needs the same is named, each in a few
 // words on one line; MACs may differ.
 func TestStateDiffers(t *testing.T) {
-	spec := qemu.Spec{CPUs: 1, PluggedCPUs: 2, MaxCPUs: 16, MemoryMiB: 512, ResizeMiB: 1536,
+	spec := qemu.Spec{CPUs: 1, PluggedCPUs: 2, MaxCPUs: 16, MemoryMiB: 512, ResizeMiB: 1536, Balloon: true,
 		NICs: []qemu.NIC{{ID: "net0", MAC: "02:00:00:00:00:01"}}}
 	saved := stateShape(&spec)
 	if saved.Machine != config.MachineQ35 || saved.Firmware != config.FirmwareBIOS || saved.VCPUs != 1 || saved.Plugged != 2 || saved.MaxVCPUs != 16 {
@@ -42,6 +42,7 @@ func TestStateDiffers(t *testing.T) {
 		{"firmware", func(s *qemu.Spec) { s.Firmware = &qemu.Firmware{SecureBoot: true} }, "firmware uefi-secure, not bios"},
 		{"machine", func(s *qemu.Spec) { s.Machine = config.MachineMicroVM }, "machine microvm, not q35"},
 		{"nics", func(s *qemu.Spec) { s.NICs = nil }, "0 NICs, not 1"},
+		{"no balloon", func(s *qemu.Spec) { s.Balloon = false }, "no balloon, not a balloon"},
 		{"two", func(s *qemu.Spec) { s.CPUs, s.MemoryMiB = 2, 256 }, "2 vCPUs, not 1, 256 MiB of guest RAM, not 512"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -43,6 +43,7 @@ type StateInfo struct {
 	MaxVCPUs  int       `json:"max_vcpus"`     // the vCPUs QEMU has room for
 	MemoryMiB int       `json:"memory_mib"`    // guest RAM outside virtio-mem
 	ResizeMiB int       `json:"resize_mib"`    // the virtio-mem region
+	Balloon   bool      `json:"balloon"`       // a virtio-balloon device
 	MACs      []string  `json:"macs"`          // the guest NICs', in order
 	Saved     time.Time `json:"saved"`
 	// Stream is the length of QEMU's stream after the header block: a
