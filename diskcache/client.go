@@ -84,7 +84,7 @@ func checkRedirect(req *http.Request, via []*http.Request) error {
 		return errorf(errdefs.ErrFailedPrecondition, nil, "stopped after %d redirects", maxRedirects)
 	}
 	if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
-		return errorf(errdefs.ErrFailedPrecondition, nil, "redirect to %s: scheme must be http or https", req.URL.Redacted())
+		return errorf(errdefs.ErrFailedPrecondition, nil, "redirect to %s: scheme must be http or https", shownURL(req.URL))
 	}
 	return nil
 }

@@ -40,7 +40,7 @@ func ParseURL(s string) (*url.URL, error) {
 		return nil, errorf(errdefs.ErrInvalidArgument, err, "disk-url is not a URL")
 	}
 	if strings.Contains(s, "#") {
-		return nil, errorf(errdefs.ErrInvalidArgument, nil, "disk-url %s: has a fragment", u.Redacted())
+		return nil, errorf(errdefs.ErrInvalidArgument, nil, "disk-url %s: has a fragment", shownURL(u))
 	}
 	if err := checkURL(u); err != nil {
 		return nil, err
@@ -48,16 +48,25 @@ func ParseURL(s string) (*url.URL, error) {
 	return u, nil
 }
 
+// shownURL is u as an error or log line shows it: its password
+// redacted, and without its fragment, which a URL the shim takes never
+// has and which may hold anything, a password included.
+func shownURL(u *url.URL) string {
+	v := *u
+	v.Fragment, v.RawFragment = "", ""
+	return v.Redacted()
+}
+
 // checkURL checks the parts of a parsed disk URL: http or https, a host,
 // no fragment.
 func checkURL(u *url.URL) error {
 	switch {
 	case u.Scheme != "http" && u.Scheme != "https":
-		return errorf(errdefs.ErrInvalidArgument, nil, "disk-url %s: scheme must be http or https", u.Redacted())
+		return errorf(errdefs.ErrInvalidArgument, nil, "disk-url %s: scheme must be http or https", shownURL(u))
 	case u.Opaque != "" || u.Host == "" || u.Hostname() == "":
-		return errorf(errdefs.ErrInvalidArgument, nil, "disk-url %s: no host", u.Redacted())
+		return errorf(errdefs.ErrInvalidArgument, nil, "disk-url %s: no host", shownURL(u))
 	case u.Fragment != "":
-		return errorf(errdefs.ErrInvalidArgument, nil, "disk-url %s: has a fragment", u.Redacted())
+		return errorf(errdefs.ErrInvalidArgument, nil, "disk-url %s: has a fragment", shownURL(u))
 	}
 	return nil
 }

@@ -51,6 +51,11 @@ func TestParseURL(t *testing.T) {
 	}
 	_, err := ParseURL("ftp://user:hunter22@example.com/x")
 	checkOneLine(t, err, "hunter22")
+	// A fragment is never shown: it may repeat the password, or hold one.
+	_, err = ParseURL("http://user:hunter22@example.com/x#user:hunter22@")
+	checkOneLine(t, err, "hunter22")
+	_, err = ParseURL("//:hunter22b@#:hunter22b@")
+	checkOneLine(t, err, "hunter22b")
 }
 
 // TestParseDigest checks digest forms and normalization.
