@@ -341,7 +341,7 @@ func TestSecurityAnnotationInjection(t *testing.T) {
 	}
 	_, argv := secQEMU(t, vm.id)
 	devices := map[string]bool{"pvpanic": true, "virtio-serial-pci": true, "virtserialport": true, "virtio-blk-pci": true,
-		"virtio-net-pci": true, "scsi-hd": true, "virtio-scsi-pci": true, "nvme": true}
+		"virtio-net-pci": true, "scsi-hd": true, "virtio-scsi-pci": true, "nvme": true, "virtio-balloon-pci": true}
 	appended := 0
 	for i, a := range argv {
 		if strings.Contains(a, "evil") {
