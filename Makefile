@@ -115,7 +115,7 @@ test-cgroupv2: guest ## boot a cgroup v2 + systemd node VM; check QEMU's cgroups
 		$(GO) test -count=1 -timeout 30m -v ./integration/node/ || status=$$?; \
 	echo "test-cgroupv2: test run took $$SECONDS s"; exit $$status
 
-bench: setup guest ## measure start latency, memory, density, teardown, suspend and resume (table; JSON and SVG in _output/bench; VMSHIM_BENCH_ONLY=suspend runs one section)
+bench: setup guest cloud-guest ## measure start latency, memory, density, teardown, suspend and resume, memory given back and KSM (table; JSON and SVG in _output/bench; VMSHIM_BENCH_ONLY=suspend runs one section)
 	$(IT_ENV) VMSHIM_BENCH=1 VMSHIM_BENCH_OUT=$(OUT)/bench \
 		$(GO) test -count=1 -timeout 90m -v -run '^TestBench$$' ./integration/
 

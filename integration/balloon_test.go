@@ -115,22 +115,86 @@ const (
 // annotations in a pod of its own.
 func bootBalloonVM(ctx context.Context, t *testing.T, c *cri, name string, annotations map[string]string) (*pod, *criContainer) {
 	t.Helper()
+	return bootBalloonGuest(ctx, t, c, name, imageKernelAgent, annotations, markerAgent, markerBooted)
+}
+
+// bootBalloonGuest boots image with balloonGuestMiB of RAM (its
+// container's memory limit) and annotations in a pod of its own, limited
+// as the kubelet limits it, and waits for the markers on its console.
+func bootBalloonGuest(ctx context.Context, t *testing.T, c *cri, name, image string, annotations map[string]string, markers ...string) (*pod, *criContainer) {
+	t.Helper()
 	p := c.runPodLimited(ctx, t, name, balloonGuestMiB<<20+podOverhead)
-	vm := p.createVMWith(ctx, t, imageKernelAgent, func(cfg *runtimeapi.ContainerConfig) {
+	vm := p.createVMWith(ctx, t, image, func(cfg *runtimeapi.ContainerConfig) {
 		cfg.Annotations = annotations
 		cfg.Linux = &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: balloonGuestMiB << 20}}
 	})
 	if _, err := c.runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: vm.id}); err != nil {
 		t.Fatalf("StartContainer: %v", err)
 	}
-	vm.waitLog(ctx, t, markerAgent)
-	vm.waitLog(ctx, t, markerBooted)
+	for _, m := range markers {
+		vm.waitLog(ctx, t, m)
+	}
 	return p, vm
 }
 
-// balloonFigures are a VM's guest RAM resident in QEMU and its
-// container's memory usage as the CRI's stats give it.
-type balloonFigures struct{ guestMiB, usageMiB int }
+// balloonFigures are a VM's guest RAM resident in QEMU, its container's
+// memory usage as the CRI's stats give it, and its pod cgroup's usage.
+type balloonFigures struct{ guestMiB, usageMiB, podMiB int }
+
+// balloonMeter reads a VM's balloonFigures.
+type balloonMeter struct {
+	c       *cri
+	vm      *criContainer
+	qemuPid int
+}
+
+// newBalloonMeter finds the QEMU of vm.
+func newBalloonMeter(t *testing.T, c *cri, vm *criContainer) *balloonMeter {
+	t.Helper()
+	pid, err := pidOf("guest=" + vm.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &balloonMeter{c: c, vm: vm, qemuPid: pid}
+}
+
+// measure reads the figures now.
+func (m *balloonMeter) measure(ctx context.Context, t *testing.T) balloonFigures {
+	t.Helper()
+	mem, err := processMemory(m.qemuPid, balloonGuestMiB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := m.c.runtime.ContainerStats(ctx, &runtimeapi.ContainerStatsRequest{ContainerId: m.vm.id})
+	if err != nil {
+		t.Fatalf("ContainerStats: %v", err)
+	}
+	return balloonFigures{
+		guestMiB: mem.guestKiB >> 10,
+		usageMiB: int(cs.Stats.GetMemory().GetUsageBytes().GetValue() >> 20),
+		podMiB:   int(m.vm.p.cgroup.readInt(t, "memory", "", "memory.usage_in_bytes") >> 20),
+	}
+}
+
+// fill has the guest fill balloonFillMiB of a tmpfs, and returns the
+// figures before and after.
+func (m *balloonMeter) fill(ctx context.Context, t *testing.T) (idle, filled balloonFigures) {
+	t.Helper()
+	idle = m.measure(ctx, t)
+	m.vm.mustExec(ctx, t, "sh", "-c", fmt.Sprintf("mkdir -p /fill && mount -t tmpfs -o size=512m fill /fill && "+
+		"dd if=/dev/zero of=/fill/zero bs=1M count=%d 2>/dev/null", balloonFillMiB))
+	filled = m.measure(ctx, t)
+	t.Logf("%s idle: guest RAM resident %d MiB, container usage %d MiB, pod usage %d MiB; after filling %d MiB: %d, %d, %d MiB",
+		m.vm.id[:12], idle.guestMiB, idle.usageMiB, idle.podMiB, balloonFillMiB, filled.guestMiB, filled.usageMiB, filled.podMiB)
+	return idle, filled
+}
+
+// free has the guest remove the fill, and returns when it had.
+func (m *balloonMeter) free(ctx context.Context, t *testing.T) time.Time {
+	t.Helper()
+	m.vm.mustExec(ctx, t, "sh", "-c", "rm /fill/zero && umount /fill")
+	return time.Now()
+}
 
 // fillAndFree has the guest fill balloonFillMiB of a tmpfs and free it,
 // and waits at most within for QEMU's resident guest RAM and the
@@ -138,37 +202,16 @@ type balloonFigures struct{ guestMiB, usageMiB int }
 // the last ones, how long it waited, and whether they fell.
 func fillAndFree(ctx context.Context, t *testing.T, c *cri, vm *criContainer, within time.Duration) (filled, now balloonFigures, took time.Duration, fell bool) {
 	t.Helper()
-	qemuPid, err := pidOf("guest=" + vm.id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	measure := func() balloonFigures {
-		t.Helper()
-		m, err := processMemory(qemuPid, balloonGuestMiB)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cs, err := c.runtime.ContainerStats(ctx, &runtimeapi.ContainerStatsRequest{ContainerId: vm.id})
-		if err != nil {
-			t.Fatalf("ContainerStats: %v", err)
-		}
-		return balloonFigures{guestMiB: m.guestKiB >> 10, usageMiB: int(cs.Stats.GetMemory().GetUsageBytes().GetValue() >> 20)}
-	}
-	idle := measure()
-	vm.mustExec(ctx, t, "sh", "-c", fmt.Sprintf("mkdir -p /fill && mount -t tmpfs -o size=512m fill /fill && "+
-		"dd if=/dev/zero of=/fill/zero bs=1M count=%d 2>/dev/null", balloonFillMiB))
-	filled = measure()
-	t.Logf("%s idle: guest RAM resident %d MiB, container usage %d MiB; after filling %d MiB: %d MiB, %d MiB",
-		vm.id[:12], idle.guestMiB, idle.usageMiB, balloonFillMiB, filled.guestMiB, filled.usageMiB)
+	m := newBalloonMeter(t, c, vm)
+	idle, filled := m.fill(ctx, t)
 	if filled.guestMiB-idle.guestMiB < balloonFillMiB-50 {
 		t.Fatalf("the fill did not reach the host: guest RAM resident %d MiB, then %d MiB", idle.guestMiB, filled.guestMiB)
 	}
-	vm.mustExec(ctx, t, "sh", "-c", "rm /fill/zero && umount /fill")
-	freed := time.Now()
+	freed := m.free(ctx, t)
 	// The guest reports freed blocks 2 s after they were freed; the bound
 	// here is generous, and the time it takes the bench's to judge.
-	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, within, true, func(context.Context) (bool, error) {
-		now = measure()
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, within, true, func(context.Context) (bool, error) {
+		now = m.measure(ctx, t)
 		return filled.guestMiB-now.guestMiB >= 350 && filled.usageMiB-now.usageMiB >= 350, nil
 	})
 	return filled, now, time.Since(freed), err == nil

@@ -41,6 +41,7 @@ const (
 	sectionDensity = "density" // pods started at once
 	sectionCold    = "cold"    // pods started at once from an image not unpacked
 	sectionSuspend = "suspend" // VMs suspended onto a volume at a stop and resumed
+	sectionMemory  = "memory"  // idle VM pods' host memory, the balloon giving freed memory back, KSM
 )
 
 // More markers of the test guest (integration/guest/init.sh).
@@ -55,7 +56,8 @@ const (
 var errBenchGuestPanic = errors.New("guest kernel panicked")
 
 // TestBench measures what a VM pod costs next to bare QEMU and runc: start
-// latency, shim and host memory, density, teardown. It prints a table and
+// latency, shim and host memory, density, teardown, suspend and resume,
+// memory given back by the balloon and merged by KSM. It prints a table and
 // writes bench.json and density.svg. It asserts no timing: it fails only
 // when something it measures does not run.
 func TestBench(t *testing.T) {
@@ -64,7 +66,7 @@ func TestBench(t *testing.T) {
 	}
 	outDir := cmp.Or(os.Getenv(envBenchOut), filepath.Join("..", "_output", "bench"))
 	runs, sizes := envInts(t, envBenchRuns, "5"), envInts(t, envBenchDensity, "1,10,25,50")
-	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 80*time.Minute)
 	defer cancel()
 	r, began, c := newBenchReport(runs[0], envSections(t)), time.Now(), newCRI(t, env.daemon)
 
@@ -86,6 +88,9 @@ func TestBench(t *testing.T) {
 	}
 	if r.ran(sectionSuspend) {
 		r.Suspend = benchSuspend(ctx, t, c, runs[0])
+	}
+	if r.ran(sectionMemory) {
+		r.Memory = benchMemory(ctx, t, c)
 	}
 	r.Seconds = time.Since(began).Seconds()
 	if err := r.write(outDir); err != nil {
@@ -109,7 +114,7 @@ func envInts(t *testing.T, name, def string) (out []int) {
 // envSections reads the sections to run from VMSHIM_BENCH_ONLY: names
 // of the sections, comma-separated, or all of them when it is unset.
 func envSections(t *testing.T) []string {
-	all := []string{sectionStart, sectionRunc, sectionDensity, sectionCold, sectionSuspend}
+	all := []string{sectionStart, sectionRunc, sectionDensity, sectionCold, sectionSuspend, sectionMemory}
 	spec := os.Getenv(envBenchOnly)
 	if spec == "" {
 		return all

@@ -133,8 +133,10 @@ type benchReport struct {
 	Cold *densityPoint `json:"cold_image,omitempty"`
 	// Suspend are VMs suspended onto a root-disk volume and resumed.
 	Suspend []suspendSample `json:"suspend"`
-	Seconds float64         `json:"duration_s"`
-	Summary []tableRow      `json:"summary"`
+	// Memory is idle VM pods' host memory, what they give back, and KSM.
+	Memory  *memorySection `json:"memory,omitempty"`
+	Seconds float64        `json:"duration_s"`
+	Summary []tableRow     `json:"summary"`
 }
 
 // newBenchReport starts a report of the sections given with what
@@ -193,6 +195,9 @@ func (r *benchReport) rows() []tableRow {
 	}
 	if r.ran(sectionSuspend) {
 		r.suspendRows(&tab)
+	}
+	if r.ran(sectionMemory) {
+		r.memoryRows(&tab)
 	}
 	return tab
 }
@@ -359,6 +364,17 @@ func gapBelow(value, target float64, unit string) string {
 		return "met"
 	}
 	return fmt.Sprintf("+%.1f %s", value-target, unit)
+}
+
+// gapAbove says how far value is below a target it should reach.
+func gapAbove(value, target float64, unit string) string {
+	if !finite(value) {
+		return "n/a"
+	}
+	if value >= target {
+		return "met"
+	}
+	return fmt.Sprintf("-%.1f %s", target-value, unit)
 }
 
 // formatTable renders rows as a table with aligned columns.

@@ -11,8 +11,10 @@ import (
 // memory is a process's resident memory, split the way a VM pod's host
 // cost is reckoned.
 type memory struct {
-	rssKiB   int // all resident memory
-	guestKiB int // resident part of the guest RAM mapping
+	rssKiB      int // all resident memory
+	guestKiB    int // resident part of the guest RAM mapping
+	guestPSSKiB int // the guest RAM mapping's proportional share (below guestKiB where KSM merged pages)
+	guestTHPKiB int // the resident part of guest RAM in transparent huge pages
 }
 
 // overheadKiB is what the process costs the host beyond guest RAM.
@@ -42,6 +44,14 @@ func processMemory(pid, guestMiB int) (memory, error) {
 			m.rssKiB += n
 			if guestMiB > 0 && size == guestMiB*1024 {
 				m.guestKiB += n
+			}
+		case "Pss:":
+			if guestMiB > 0 && size == guestMiB*1024 {
+				m.guestPSSKiB += n
+			}
+		case "AnonHugePages:":
+			if guestMiB > 0 && size == guestMiB*1024 {
+				m.guestTHPKiB += n
 			}
 		}
 	}
