@@ -442,8 +442,8 @@ func TestDropinLoadsInContainerd(t *testing.T) {
 func TestInstallKSM(t *testing.T) {
 	for _, tc := range []struct {
 		name, ksm, before string // before "": the node's kernel has no KSM
-		after, wantOut     string
-		wantErr            bool
+		after, wantOut    string
+		wantErr           bool
 	}{
 		{name: "keep", ksm: "keep", before: "0", after: "0"},
 		{name: "no key", ksm: "", before: "1", after: "1"},
