@@ -27,18 +27,18 @@ import (
 // node's over a veth pair between the two namespaces.
 const (
 	kubeNode2Name = "vmshim-node-2"
-	kubeNode2IP   = "10.89.0.1" // its CNI bridge's gateway (kubeNode2CNI)
-	kubeNode2CNI  = `{"cniVersion": "1.0.0", "name": "vmshim-bridge", "plugins": [{
-  "type": "bridge", "bridge": "vmshim-br0", "isGateway": true, "ipMasq": false, "mtu": 1400,
-  "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.89.0.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}],
-           "dataDir": "@DIR@/ipam"}}]}`
-	kubePodNet1 = "10.88.0.0/24" // the first node's pod network (bridgeCNI)
-	kubePodNet2 = "10.89.0.0/24"
+	kubeNode2IP   = "10.89.0.1"    // its CNI bridge's gateway (kubeNode2CNI)
+	kubePodNet1   = "10.88.0.0/24" // the first node's pod network (bridgeCNI)
+	kubePodNet2   = "10.89.0.0/24"
 	// The link between the nodes: vmshim-node1 in the first node's
 	// namespace, vmshim-node2 in the second's.
 	kubeLink1IP = "10.87.0.1"
 	kubeLink2IP = "10.87.0.2"
 )
+
+// kubeNode2CNI is the second node's network: the first node's, on its
+// own subnet.
+var kubeNode2CNI = strings.Replace(bridgeCNI, kubePodNet1, kubePodNet2, 1)
 
 // addNode starts the second node (its containerd with the disk guests
 // imported, its kubelet) and routes between the two pod networks; it is
