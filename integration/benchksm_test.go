@@ -51,6 +51,8 @@ type memorySum struct {
 	PodUsageKiB int `json:"pods_usage_kib"`
 	QEMUPSSKiB  int `json:"qemu_pss_kib"`
 	GuestPSSKiB int `json:"qemu_guest_ram_pss_kib"`
+	// GuestUsedKiB is what the guests say they use (guestView.UsedKiB).
+	GuestUsedKiB int `json:"guests_used_kib"`
 }
 
 // benchKSM starts ksmPods cloud guests at once, measures them idle with
@@ -114,7 +116,7 @@ func benchKSM(ctx context.Context, t *testing.T, c *cri, r *ksmRun) {
 	}
 	r.AllReadyS = last.Sub(t0).Seconds()
 	time.Sleep(time.Until(last.Add(memoryIdleAfter)))
-	off, err := sumMemory(vms)
+	off, err := sumMemory(ctx, t, vms)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +131,7 @@ func benchKSM(ctx context.Context, t *testing.T, c *cri, r *ksmRun) {
 	if r.SettleS, r.FullScans, r.Settled, err = ksmSettle(ctx); err != nil {
 		t.Fatal(err)
 	}
-	on, err := sumMemory(vms)
+	on, err := sumMemory(ctx, t, vms)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,8 +147,16 @@ func benchKSM(ctx context.Context, t *testing.T, c *cri, r *ksmRun) {
 		r.SettleS, r.FullScans, on.PodUsageKiB>>10, on.QEMUPSSKiB>>10, r.PagesShared, r.PagesSharing)
 }
 
-// sumMemory adds up the pods' memory usage and their QEMUs' PSS.
-func sumMemory(vms []*benchVM) (s memorySum, err error) {
+// sumMemory adds up what the guests say they use, the pods' memory usage
+// and their QEMUs' PSS.
+func sumMemory(ctx context.Context, t *testing.T, vms []*benchVM) (s memorySum, err error) {
+	for _, v := range vms {
+		g, err := readGuestView(ctx, t, v.ct)
+		if err != nil {
+			return s, err
+		}
+		s.GuestUsedKiB += g.UsedKiB
+	}
 	for _, v := range vms {
 		usage, err := podUsageKiB(v.p)
 		if err != nil {
@@ -185,6 +195,7 @@ func (r *benchReport) ksmRows(tab *summary, k *ksmRun) {
 		tab.add(fmt.Sprintf("%s, %s: pods' memory (sum of cgroup usage)", p, state.name), sum(state.s, pods), "MiB", "", "")
 		tab.add(fmt.Sprintf("%s, %s: QEMU PSS (sum)", p, state.name), sum(state.s, qemu), "MiB", "", "")
 		tab.add(fmt.Sprintf("%s, %s: QEMU PSS, guest RAM (sum)", p, state.name), sum(state.s, guest), "MiB", "", "")
+		tab.add(fmt.Sprintf("%s, %s: the guests' own view, used (sum)", p, state.name), sum(state.s, func(s memorySum) int { return s.GuestUsedKiB }), "MiB", "", "")
 	}
 	settled := ""
 	if k.On != nil && !k.Settled {

@@ -41,8 +41,9 @@ var memoryGuestKinds = []memoryGuestKind{
 
 // memorySection is what the memory section measured.
 type memorySection struct {
-	Guests []memoryGuest `json:"guests"`
-	KSM    *ksmRun       `json:"ksm,omitempty"`
+	Guests   []memoryGuest    `json:"guests"`
+	Overhead *overheadSection `json:"overhead,omitempty"`
+	KSM      *ksmRun          `json:"ksm,omitempty"`
 }
 
 // memoryGuest is one VM pod measured alone: idle, then after its guest
@@ -70,6 +71,40 @@ type memoryIdle struct {
 	// GuestTHPKiB is the part of GuestRSSKiB in transparent huge pages.
 	GuestTHPKiB int    `json:"qemu_guest_ram_thp_kib"`
 	Shim        rollup `json:"shim"`
+	// Guest is the guest's own view: what its /proc/meminfo says it uses.
+	Guest guestView `json:"guest"`
+}
+
+// guestView is a guest's own /proc/meminfo: UsedKiB is MemTotal less
+// MemFree, CachedKiB its page cache (Cached).
+type guestView struct {
+	UsedKiB   int `json:"used_kib"`
+	CachedKiB int `json:"cached_kib"`
+}
+
+// readGuestView reads the guest's /proc/meminfo through the agent.
+func readGuestView(ctx context.Context, t *testing.T, vm *criContainer) (guestView, error) {
+	r, err := vm.execSync(ctx, t, 30, "cat", "/proc/meminfo")
+	if err == nil && r.ExitCode != 0 {
+		err = fmt.Errorf("cat /proc/meminfo: exit %d, stderr %q", r.ExitCode, r.Stderr)
+	}
+	if err != nil {
+		return guestView{}, err
+	}
+	f := map[string]int{}
+	for _, line := range strings.Split(string(r.Stdout), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			if n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB")); err == nil {
+				f[k] = n
+			}
+		}
+	}
+	for _, k := range []string{"MemTotal", "MemFree", "Cached"} {
+		if _, ok := f[k]; !ok {
+			return guestView{}, fmt.Errorf("the guest's /proc/meminfo has no %s: %q", k, r.Stdout)
+		}
+	}
+	return guestView{UsedKiB: f["MemTotal"] - f["MemFree"], CachedKiB: f["Cached"]}, nil
 }
 
 // memoryFreed is how the pod's memory usage fell after the guest freed
@@ -86,10 +121,13 @@ type memoryFreed struct {
 	// FellGoalS is when the fall reached memoryFellMiB; nil if it did not
 	// while watched.
 	FellGoalS *float64 `json:"pod_fell_350_mib_after_s,omitempty"`
+	// After is the pod's memory once the watch ended, read as Idle is.
+	After *memoryIdle `json:"after,omitempty"`
 }
 
-// benchMemory measures each of memoryGuestKinds alone, then ksmPods
-// cloud guests with and without KSM. Each part is a subtest, so that one
+// benchMemory measures each of memoryGuestKinds alone, then the agent
+// guest with its RAM filled at several sizes, then ksmPods cloud guests
+// with and without KSM. Each part is a subtest, so that one
 // that cannot run leaves the others theirs.
 func benchMemory(ctx context.Context, t *testing.T, c *cri) *memorySection {
 	out := &memorySection{}
@@ -98,6 +136,7 @@ func benchMemory(ctx context.Context, t *testing.T, c *cri) *memorySection {
 		t.Run(sectionMemory+"-"+g.name, func(t *testing.T) { memoryAlone(ctx, t, c, g, &s) })
 		out.Guests = append(out.Guests, s)
 	}
+	out.Overhead = benchOverhead(ctx, t, c)
 	out.KSM = &ksmRun{Pods: ksmPods, GuestMiB: balloonGuestMiB}
 	t.Run(sectionMemory+"-ksm", func(t *testing.T) { benchKSM(ctx, t, c, out.KSM) })
 	return out
@@ -123,7 +162,7 @@ func memoryAlone(ctx context.Context, t *testing.T, c *cri, g memoryGuestKind, s
 		t.Fatal(err)
 	}
 	m := newBalloonMeter(t, c, vm)
-	idle, err := idleMemory(t, p, m.qemuPid)
+	idle, err := idleMemory(ctx, t, p, vm, m.qemuPid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,6 +188,11 @@ func memoryAlone(ctx context.Context, t *testing.T, c *cri, g memoryGuestKind, s
 			break
 		}
 		time.Sleep(250 * time.Millisecond)
+	}
+	if a, err := idleMemory(ctx, t, p, vm, m.qemuPid); err != nil {
+		t.Error(err)
+	} else {
+		f.After = &a
 	}
 	s.Free = f
 	after := "never"
@@ -179,16 +223,17 @@ func waitAgent(ctx context.Context, t *testing.T, vm *criContainer) {
 	}
 }
 
-// idleMemory reads the pod's memory usage, its QEMU's (pid qemuPid) and
-// its shim's.
-func idleMemory(t *testing.T, p *pod, qemuPid int) (m memoryIdle, err error) {
+// idleMemory reads the guest's view of its memory, then the pod's memory
+// usage, its QEMU's (pid qemuPid) and its shim's.
+func idleMemory(ctx context.Context, t *testing.T, p *pod, vm *criContainer, qemuPid int) (m memoryIdle, err error) {
+	var errs [4]error
+	m.Guest, errs[3] = readGuestView(ctx, t, vm)
 	q, err := processMemory(qemuPid, balloonGuestMiB)
 	m.GuestRSSKiB, m.GuestPSSKiB, m.GuestTHPKiB = q.guestKiB, q.guestPSSKiB, q.guestTHPKiB
-	var errs [3]error
 	m.PodUsageKiB, errs[0] = podUsageKiB(p)
 	m.QEMU, errs[1] = smapsRollup(qemuPid)
 	m.Shim, errs[2] = smapsRollup(podShim(t, p))
-	return m, errors.Join(err, errs[0], errs[1], errs[2])
+	return m, errors.Join(err, errs[0], errs[1], errs[2], errs[3])
 }
 
 // podUsageKiB reads the pod's memory cgroup's usage_in_bytes.
@@ -230,6 +275,8 @@ func (r *benchReport) memoryRows(tab *summary) {
 		tab.add(p+"QEMU guest RAM in transparent huge pages", mib(idle.GuestTHPKiB), "MiB", "", "")
 		tab.add(p+"QEMU PSS, its own", mib(idle.QEMU.PSSKiB-idle.GuestPSSKiB), "MiB", "", "")
 		tab.add(p+"shim PSS", mib(idle.Shim.PSSKiB), "MiB", "", "")
+		tab.add(p+"the guest's own view: used (MemTotal − MemFree)", mib(idle.Guest.UsedKiB), "MiB", "", "")
+		tab.add(p+"the guest's own view: of it page cache", mib(idle.Guest.CachedKiB), "MiB", "", "")
 
 		p = fmt.Sprintf("memory, %s guest, %d MiB filled and freed: ", g.Guest, balloonFillMiB)
 		fell, fellAt, atGap := math.NaN(), math.NaN(), "n/a"
@@ -243,7 +290,23 @@ func (r *benchReport) memoryRows(tab *summary) {
 		tab.add(p+fmt.Sprintf("pod memory fell within %.0f s", memoryFellWithin.Seconds()), fell, "MiB",
 			fmt.Sprintf("≥ %d MiB", memoryFellMiB), gapAbove(fell, memoryFellMiB, "MiB"))
 		tab.add(p+fmt.Sprintf("free → pod memory %d MiB lower", memoryFellMiB), fellAt, "s", fmt.Sprintf("≤ %.0f s", memoryFellWithin.Seconds()), atGap)
+		var a memoryIdle
+		afterMiB := func(kib int) float64 {
+			if g.Free == nil || g.Free.After == nil {
+				return math.NaN()
+			}
+			return float64(kib) / 1024
+		}
+		if g.Free != nil && g.Free.After != nil {
+			a = *g.Free.After
+		}
+		tab.add(p+"then pod memory (cgroup usage)", afterMiB(a.PodUsageKiB), "MiB", "", "")
+		tab.add(p+"then QEMU PSS, guest RAM", afterMiB(a.GuestPSSKiB), "MiB", "", "")
+		tab.add(p+"then QEMU PSS, its own", afterMiB(a.QEMU.PSSKiB-a.GuestPSSKiB), "MiB", "", "")
+		tab.add(p+"then shim PSS", afterMiB(a.Shim.PSSKiB), "MiB", "", "")
+		tab.add(p+"then the guest's own view: used", afterMiB(a.Guest.UsedKiB), "MiB", "", "")
 	}
+	r.overheadRows(tab)
 	if k := m.KSM; k != nil {
 		r.ksmRows(tab, k)
 	}
