@@ -173,7 +173,7 @@ func Default() Config {
 		DefaultMemory:         "512Mi",
 		MaxVCPUs:              16,
 		MaxMemory:             "16Gi",
-		MemoryOverhead:        "192Mi",
+		MemoryOverhead:        "128Mi",
 		MaxDiskSize:           "256Gi",
 		DiskDriver:            DiskDriverVirtioBlk,
 		KernelCmdline:         "console=ttyS0 no_timer_check",

@@ -203,6 +203,12 @@ func TestDecodeRejects(t *testing.T) {
 	}
 }
 
+// shimAndPause is what the RuntimeClass overhead must hold beyond
+// memory_overhead: the pause process (11 MiB RSS) and the pod's shim (22
+// MiB RSS after 5 MB of exec output, make bench's memory section), with
+// room to spare.
+const shimAndPause = 48 << 20
+
 func TestRuntimeClass(t *testing.T) {
 	rc := find[*nodev1.RuntimeClass](t, manifests(t), "runtimeclass.yaml")
 	if rc.Name != "vm" || rc.Handler != "vm" {
@@ -215,6 +221,13 @@ func TestRuntimeClass(t *testing.T) {
 		if q, ok := rc.Overhead.PodFixed[r]; !ok || q.Sign() <= 0 {
 			t.Errorf("overhead.podFixed.%s = %v, want a positive quantity", r, q.String())
 		}
+	}
+	// The pod's cgroup holds QEMU's, which allows guest RAM plus
+	// memory_overhead, and the pause process and the shim beside it.
+	mem := rc.Overhead.PodFixed[corev1.ResourceMemory]
+	if room := mem.Value() - config.Default().MemoryOverheadBytes(); room < shimAndPause {
+		t.Errorf("overhead.podFixed.memory %s leaves %d MiB beyond the default memory_overhead for the pause process and the shim, want at least %d MiB",
+			mem.String(), room>>20, shimAndPause>>20)
 	}
 	if rc.Scheduling == nil || rc.Scheduling.NodeSelector["vmshim.io/runtime"] != "true" {
 		t.Errorf("scheduling.nodeSelector lacks vmshim.io/runtime: \"true\"")

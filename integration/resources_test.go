@@ -16,10 +16,10 @@ const (
 	// podOverhead is the RuntimeClass's overhead.podFixed.memory
 	// (deploy/runtimeclass.yaml): the kubelet adds it to the pod cgroup's
 	// memory limit.
-	podOverhead = 256 << 20
+	podOverhead = 192 << 20
 	// memoryOverhead is the shim's default memory_overhead: the VM's
 	// cgroup allows guest RAM plus this.
-	memoryOverhead = 192 << 20
+	memoryOverhead = 128 << 20
 )
 
 // TestCRIResources runs a VM with limits cpu=2 and memory=512Mi in a pod

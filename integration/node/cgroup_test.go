@@ -15,11 +15,11 @@ import (
 
 // The limits the tasks are given, and what the shim makes of them
 // (shim/resources.go cgroupResources): guest RAM is the memory limit in
-// whole MiB, QEMU's cgroup allows guest RAM plus memory_overhead (192Mi by
+// whole MiB, QEMU's cgroup allows guest RAM plus memory_overhead (128Mi by
 // default, 0 in oomConfig), and the CPU limit goes to the cgroup as it is.
 const (
 	memLimit       = 256 << 20
-	memoryOverhead = 192 << 20
+	memoryOverhead = 128 << 20
 	cpuQuota       = 50000
 	cpuPeriod      = 100000
 )
