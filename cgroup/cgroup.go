@@ -75,8 +75,9 @@ type Host struct {
 
 // NewHost describes this machine. placeholder starts the process a new
 // systemd scope is made around (see scopeCgroup.Start): one that waits,
-// with no privileges, until it is told to end; nil when the caller never
-// starts a process into a new scope with Start.
+// with no privileges and an oom_score_adj of -1000, until it is told to
+// end; nil when the caller never starts a process into a new scope with
+// Start.
 func NewHost(placeholder func() (*exec.Cmd, error)) Host {
 	if placeholder == nil {
 		placeholder = func() (*exec.Cmd, error) {

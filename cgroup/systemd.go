@@ -80,6 +80,9 @@ func (c *scopeCgroup) Add(pid int) (retErr error) {
 // only around a running process, and removes it once none is left: a new
 // scope is made around a placeholder process, which stays until Delete
 // stops the scope, so the scope (and its OOM kill count) outlives cmd.
+// For that, the placeholder must be one the OOM killer never picks
+// (oom_score_adj -1000, which Host's placeholder function sees to), and
+// the scope must not stop when cmd is OOM-killed (oomPolicy).
 func (c *scopeCgroup) Start(cmd *exec.Cmd, steps ...thread.Step) error {
 	c.mu.Lock()
 	inner := c.inner
@@ -198,8 +201,39 @@ func (dbusUnits) startScope(ctx context.Context, slice, unit string, pid int, re
 		{Name: "DefaultDependencies", Value: godbus.MakeVariant(false)},
 	}, res...)
 	return systemdJob(ctx, func(conn *sddbus.Conn, done chan<- string) (int, error) {
-		return conn.StartTransientUnitContext(ctx, unit, "replace", props, done)
+		version, err := conn.GetManagerProperty("Version")
+		if err != nil {
+			return 0, fmt.Errorf("read systemd's version: %w", err)
+		}
+		return conn.StartTransientUnitContext(ctx, unit, "replace", append(props, oomPolicy(version)...), done)
 	})
+}
+
+// oomPolicy keeps a scope running when the kernel's OOM killer kills one
+// of its processes (OOMPolicy=continue), on systemd 253 and later, whose
+// scopes otherwise stop on an OOM kill (the default policy, stop). A
+// stopped scope loses its cgroup, and with it the oom_kill count the
+// task has yet to read: the scope must outlive the VM's process until the
+// task is deleted (see Start). Older systemd never stops a scope for an
+// OOM kill and has no such property for scopes. version is the manager's
+// Version property as go-systemd gives it ("\"252.30-1~deb12u2\"").
+func oomPolicy(version string) []sddbus.Property {
+	major, ok := systemdMajor(version)
+	if !ok || major < 253 {
+		return nil
+	}
+	return []sddbus.Property{{Name: "OOMPolicy", Value: godbus.MakeVariant("continue")}}
+}
+
+// systemdMajor reads the leading number of systemd's version.
+func systemdMajor(version string) (int, bool) {
+	v := strings.Trim(strings.TrimSpace(version), `"`)
+	end := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' })
+	if end < 0 {
+		end = len(v)
+	}
+	n, err := strconv.Atoi(v[:end])
+	return n, err == nil
 }
 
 func (dbusUnits) setProperties(ctx context.Context, unit string, res []sddbus.Property) error {

@@ -129,3 +129,25 @@ func TestScopeStartsIntoScope(t *testing.T) {
 		t.Errorf("the process's first cgroups lack %q (%v):\n%s", want, err, out)
 	}
 }
+
+func TestOOMPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		version string
+		want    bool // OOMPolicy=continue asked
+	}{
+		{`"252.30-1~deb12u2"`, false}, // Debian 12: scopes have no OOM policy
+		{`"253"`, true},
+		{`"255.4-1ubuntu8.11"`, true},
+		{"257.9", true},
+		{`"249.11-0ubuntu3.12"`, false},
+		{"", false},
+		{`"v256"`, false}, // unreadable: ask for nothing an old systemd would refuse
+		{`"99999999999999999999"`, false},
+	} {
+		props := oomPolicy(tc.version)
+		got := len(props) == 1 && props[0].Name == "OOMPolicy" && props[0].Value.Value() == "continue"
+		if got != tc.want || (!tc.want && len(props) != 0) {
+			t.Errorf("oomPolicy(%s) = %v, want OOMPolicy=continue: %v", tc.version, props, tc.want)
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/vmshim/vmshim/jail"
+	"github.com/vmshim/vmshim/oom"
 	"github.com/vmshim/vmshim/pause"
 )
 
@@ -53,16 +54,30 @@ func pauseCommand(prog, arg string, id uint32) *exec.Cmd {
 // scope once the task's process is gone too.
 const placeholderID = 65534
 
+// placeholderScoreAdj keeps the placeholder from the OOM killer, even when
+// a cgroup kills as a group (memory.oom.group): were it killed with the
+// VM's process, systemd would remove the scope, and its oom_kill count,
+// before the task has read it. It holds a few hundred KiB.
+var placeholderScoreAdj = -1000
+
 // startPlaceholder starts the process a new systemd scope is made around
 // (see cgroup.NewHost): a pause process, with no privileges, that waits
-// until the scope is stopped.
+// until the scope is stopped, and that the OOM killer never picks.
 func startPlaceholder() (*exec.Cmd, error) {
 	prog, err := pauseBinary()
 	if err != nil {
 		return nil, err
 	}
 	cmd := pauseCommand(prog, "scope-placeholder", placeholderID)
-	return cmd, cmd.Start()
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	if err := oom.SetScoreAdj(cmd.Process.Pid, &placeholderScoreAdj); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("scope placeholder: %w", err)
+	}
+	return cmd, nil
 }
 
 // sandboxVM stands in for a pod's sandbox container: no VM, only a pause

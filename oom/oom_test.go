@@ -16,11 +16,15 @@ const (
 	leakTimeout = 5 * time.Second
 )
 
-// TestMain runs the tests, or, in the child the real OOM test starts, the
-// allocation that gets it killed.
+// TestMain runs the tests, or, in the children the real OOM tests start,
+// the allocation that gets one killed or the keeper that waits.
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		allocate()
+		return
+	}
+	if os.Getenv(keeperEnv) != "" {
+		keep()
 		return
 	}
 	// Start the runtime's poller now, so its fds are not taken for leaks.

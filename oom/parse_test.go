@@ -91,7 +91,7 @@ func TestInotifyGone(t *testing.T) {
 		{name: "empty", buf: nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := inotifyGone(tc.buf, fileWD, dirWD, "pod.scope"); got != tc.want {
+			if _, got := inotifyGone(tc.buf, fileWD, dirWD, "pod.scope"); got != tc.want {
 				t.Fatalf("gone = %v, want %v", got, tc.want)
 			}
 		})

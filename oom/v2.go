@@ -68,11 +68,16 @@ func openV2(dir string, events *os.File) (_ source, _ uint64, retErr error) {
 func (s *v2) run(w *Watcher) error {
 	buf := make([]byte, inotifyBufSize)
 	for {
+		w.hold()
 		n, err := s.ino.Read(buf)
 		if err != nil {
 			return ended(err, "read inotify events")
 		}
-		gone := inotifyGone(buf[:n], s.fileWD, s.dirWD, s.name) || s.unlinked()
+		events, gone := inotifyGone(buf[:n], s.fileWD, s.dirWD, s.name)
+		gone = gone || s.unlinked()
+		if w.hooks.batch != nil {
+			w.hooks.batch(events, gone)
+		}
 		count, found, data, err := readCounter(s.events, killKey)
 		w.observe(data)
 		if err == nil && found {
@@ -84,11 +89,10 @@ func (s *v2) run(w *Watcher) error {
 	}
 }
 
-// inotifyGone reports whether the inotify events in buf say the watched
-// cgroup is gone: memory.events deleted, the watch on it or on the parent
-// dropped, or the directory name deleted from the parent.
-func inotifyGone(buf []byte, fileWD, dirWD int32, name string) bool {
-	gone := false
+// inotifyGone counts the inotify events in buf and reports whether they
+// say the watched cgroup is gone: memory.events deleted, the watch on it
+// or on the parent dropped, or the directory name deleted from the parent.
+func inotifyGone(buf []byte, fileWD, dirWD int32, name string) (events int, gone bool) {
 	for len(buf) >= unix.SizeofInotifyEvent {
 		wd := int32(binary.NativeEndian.Uint32(buf[0:4]))
 		mask := binary.NativeEndian.Uint32(buf[4:8])
@@ -99,6 +103,7 @@ func inotifyGone(buf []byte, fileWD, dirWD int32, name string) bool {
 		}
 		evName, _, _ := bytes.Cut(buf[:size], []byte{0})
 		buf = buf[size:]
+		events++
 		const dropped = unix.IN_IGNORED | unix.IN_UNMOUNT
 		switch {
 		case wd == fileWD && mask&(dropped|unix.IN_DELETE_SELF) != 0:
@@ -109,7 +114,7 @@ func inotifyGone(buf []byte, fileWD, dirWD int32, name string) bool {
 			gone = true
 		}
 	}
-	return gone
+	return events, gone
 }
 
 // unlinked reports whether memory.events has been deleted while open;

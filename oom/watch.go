@@ -71,6 +71,12 @@ type source interface {
 type hooks struct {
 	// read receives every content the loop reads from the counter file.
 	read func(data []byte)
+	// wait runs before each wait for notifications; one that blocks
+	// makes the kernel's notifications pile up into one batch.
+	wait func()
+	// batch receives, on cgroup v2, each batch of inotify events: how
+	// many there were and whether they said the cgroup is gone.
+	batch func(events int, gone bool)
 }
 
 // Watch starts watching the memory cgroup whose directory is dir:
@@ -202,6 +208,13 @@ func (w *Watcher) note(n uint64) uint64 {
 // current returns the highest count seen.
 func (w *Watcher) current() uint64 {
 	return w.note(0)
+}
+
+// hold runs the test hook before a wait for notifications.
+func (w *Watcher) hold() {
+	if w.hooks.wait != nil {
+		w.hooks.wait()
+	}
 }
 
 // observe passes what the loop read to the test hook.

@@ -169,6 +169,11 @@ func (n *node) checkProcs(ctx context.Context, t *testing.T, d driver, cgdir str
 			found = true
 		case d.systemd() && f[2] == "nobody" && strings.Join(f[3:], " ") == "vmshim-pause scope-placeholder":
 			placeholders++
+			// Never the OOM killer's pick: killed with QEMU, it would let
+			// systemd remove the scope before the shim read its count.
+			if adj := n.read(ctx, t, "/proc/"+f[0]+"/oom_score_adj"); adj != "-1000" {
+				t.Errorf("%s: the scope placeholder %s has oom_score_adj %s, want -1000", d.name, f[0], adj)
+			}
 		case f[1] != "2":
 			t.Errorf("%s: %s holds a process other than QEMU: %s", d.name, cgdir, line)
 		}
@@ -253,9 +258,9 @@ func (n *node) checkGone(ctx context.Context, t *testing.T, d driver, id string,
 // QEMU in that cgroup and that containerd's event stream carried
 // /tasks/oom for the container before /tasks/exit. It returns a summary
 // line.
-func (n *node) checkOOM(ctx context.Context, t *testing.T, d driver) string {
+func (n *node) checkOOM(ctx context.Context, t *testing.T, d driver, run int) string {
 	t.Helper()
-	id := "oom-" + d.name
+	id := fmt.Sprintf("oom-%s-%d", d.name, run)
 	dir := d.dir(id)
 	cgdir := "/sys/fs/cgroup" + dir
 	var r nodeapi.OOMReport
@@ -270,7 +275,9 @@ func (n *node) checkOOM(ctx context.Context, t *testing.T, d driver) string {
 	t.Logf("%s: wrote %d MiB of guest RAM (%s) through /proc/%d/mem; error that stopped the writes: %s",
 		d.name, r.Filled>>20, strings.Join(strings.Fields(r.GuestRAM), " "), r.QEMUPid, orNone(r.FillError))
 	if r.MemoryEvents == "" {
-		t.Logf("%s: %s/memory.events: the cgroup was gone at the exit (systemd removes a scope once its last process is gone)", d.name, cgdir)
+		// The count the shim reads before it publishes the exit lives
+		// there: the cgroup must outlive QEMU until the task's delete.
+		t.Errorf("%s: %s/memory.events: the cgroup was gone at the exit, before the task's delete", d.name, cgdir)
 	} else {
 		t.Logf("%s: %s/memory.events at the exit: %s", d.name, cgdir, strings.Join(strings.Fields(r.MemoryEvents), " "))
 	}
@@ -293,6 +300,13 @@ func (n *node) checkOOM(ctx context.Context, t *testing.T, d driver) string {
 		n.sh(ctx, t, "journalctl -u containerd --no-pager -o cat | grep -F 'id="+id+"' | grep -i oom || true"))))
 
 	killed := strings.Contains(kernel, "oom_memcg="+dir+",") && strings.Contains(kernel, fmt.Sprintf("Killed process %d ", r.QEMUPid))
+	// QEMU alone: a scope whose placeholder the killer took as well is
+	// empty, and systemd removes it, count and all, before the exit.
+	for _, line := range strings.Split(kernel, "\n") {
+		if strings.Contains(line, "oom_memcg="+dir+",") && !strings.Contains(line, fmt.Sprintf(",pid=%d,", r.QEMUPid)) {
+			t.Errorf("%s: the OOM killer took a process other than QEMU (%d) in %s: %s", d.name, r.QEMUPid, dir, line)
+		}
+	}
 	if !killed {
 		t.Errorf("%s: the kernel log shows no OOM kill of QEMU (pid %d) in %s: QEMU never exceeded memory.max", d.name, r.QEMUPid, dir)
 	}
@@ -357,4 +371,27 @@ func orNone(s string) string {
 		return "none"
 	}
 	return s
+}
+
+// oomWatchRuns is how many times the oom package's real cgroup v2 race
+// test runs in the node: each forces an OOM kill and the cgroup's removal
+// into one inotify batch.
+const oomWatchRuns = 30
+
+// checkOOMWatch runs the oom package's TestV2RealKillAndRemovalInOneBatch
+// in the node (a cgroup v2 host), oomWatchRuns times, and returns a
+// summary line.
+func (n *node) checkOOMWatch(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	r, err := n.run(ctx, fmt.Sprintf("cd /tmp && %s -test.run '^TestV2RealKillAndRemovalInOneBatch$' -test.count %d -test.v 2>&1", nodeOOMTest, oomWatchRuns), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := r.stdout + r.stderr
+	passed, skipped := strings.Count(out, "--- PASS: TestV2RealKillAndRemovalInOneBatch"), strings.Count(out, "--- SKIP:")
+	t.Logf("oom.test in the node: exit %d, %d of %d runs passed", r.code, passed, oomWatchRuns)
+	if r.code != 0 || passed != oomWatchRuns || skipped != 0 {
+		t.Errorf("the oom package's cgroup v2 race test in the node: exit %d, %d of %d passed, %d skipped:\n%s", r.code, passed, oomWatchRuns, skipped, out)
+	}
+	return fmt.Sprintf("%-8s oom     the kill and the removal in one inotify batch: %d of %d runs counted the kill", "kernel", passed, oomWatchRuns)
 }

@@ -243,12 +243,23 @@ func linkOrCopy(src, dst string) error {
 
 // buildStatic builds the Go package pkg as a static binary at out.
 func buildStatic(ctx context.Context, pkg, out string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, pkg)
+	return goStatic(ctx, "build", "-trimpath", "-o", out, pkg)
+}
+
+// buildStaticTest builds package pkg's tests into a static binary at out,
+// to run in the node.
+func buildStaticTest(ctx context.Context, pkg, out string) error {
+	return goStatic(ctx, "test", "-c", "-trimpath", "-o", out, pkg)
+}
+
+// goStatic runs the go command with args, the package last, and cgo off.
+func goStatic(ctx context.Context, args ...string) error {
+	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("go build %s: %v: %s", pkg, err, strings.TrimSpace(stderr.String()))
+		return fmt.Errorf("go %s %s: %v: %s", args[0], args[len(args)-1], err, strings.TrimSpace(stderr.String()))
 	}
 	return nil
 }
