@@ -27,7 +27,7 @@ func TestDefaultIsValid(t *testing.T) {
 	}
 	want := Config{
 		QEMUBinary: "qemu-system-x86_64", QEMUImg: "qemu-img", RuncShim: "containerd-shim-runc-v2", Accel: "auto",
-		DefaultVCPUs: 1, DefaultMemory: "512Mi", MaxVCPUs: 16, MaxMemory: "16Gi", MemoryOverhead: "192Mi",
+		DefaultVCPUs: 1, DefaultMemory: "512Mi", MaxVCPUs: 16, MaxMemory: "16Gi", MemoryOverhead: "128Mi",
 		MaxDiskSize: "256Gi", DiskDriver: "virtio-blk", KernelCmdline: "console=ttyS0 no_timer_check",
 		Sandbox: true, BootTimeout: "60s",
 		CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin", "/usr/lib/cni"},
