@@ -95,14 +95,17 @@ IT_ENV := VMSHIM_INTEGRATION=1 VMSHIM_BIN=$(BIN) VMSHIM_CONTAINERD=$(CONTAINERD_
 # The reliability suite: churn, faults, bad input, security. `make test`
 # runs it too, with 20 churn cycles; VMSHIM_CHURN=200 is the full size.
 VMSHIM_CHURN ?= 20
+# The burst sizes of make test-reliability; make test runs 10 alone.
+VMSHIM_KUBE_BURST ?= 10,20,30
 RELIABILITY := ^(TestChurn|TestFault.*|TestBadInput.*|TestBadImages.*|TestSecurity.*|TestQEMUKilled|TestShimKilled|TestCRIQEMUKilled|TestCRIShimKilled|TestCRIContainerdRestart)$$
 
 integration: kube guest cloud-guest uefi-guest ## run the integration tests against a real containerd, QEMU and guests
 	$(IT_ENV) VMSHIM_GUEST_TEST=1 VMSHIM_GUEST_DIR=$(GUEST_DIR) \
-		$(GO) test -count=1 -timeout 40m -v ./integration/...
+		$(GO) test -count=1 -timeout 60m -v ./integration/...
 
-test-reliability: setup guest cloud-guest ## churn, faults, bad input and security (VMSHIM_CHURN=200 for the full churn)
+test-reliability: setup kube guest cloud-guest ## churn, faults, bad input and security (VMSHIM_CHURN=200 for the full churn), then bursts of 10, 20 and 30 VM pods through the kubelet
 	$(IT_ENV) VMSHIM_CHURN=$(VMSHIM_CHURN) $(GO) test -count=1 -timeout 90m -v -run '$(RELIABILITY)' ./integration/
+	$(IT_ENV) VMSHIM_KUBE_BURST=$(VMSHIM_KUBE_BURST) $(GO) test -count=1 -timeout 90m -v -run '^TestKube$$/^Burst$$' ./integration/
 
 # The cgroup v2 + systemd node test: the node image (integration/guest/
 # node.sh, cached by a stamp), then the node run (integration/node), each
@@ -115,7 +118,7 @@ test-cgroupv2: guest ## boot a cgroup v2 + systemd node VM; check QEMU's cgroups
 		$(GO) test -count=1 -timeout 30m -v ./integration/node/ || status=$$?; \
 	echo "test-cgroupv2: test run took $$SECONDS s"; exit $$status
 
-bench: setup guest cloud-guest ## measure start latency, memory, density, teardown, suspend and resume, memory given back and KSM (table; JSON and SVG in _output/bench; VMSHIM_BENCH_ONLY=suspend runs one section)
+bench: setup kube guest cloud-guest ## measure start latency, memory, density, teardown, suspend and resume, memory given back and KSM, bursts through the kubelet (table; JSON and SVG in _output/bench; VMSHIM_BENCH_ONLY=suspend runs one section)
 	$(IT_ENV) VMSHIM_BENCH=1 VMSHIM_BENCH_OUT=$(OUT)/bench \
 		$(GO) test -count=1 -timeout 90m -v -run '^TestBench$$' ./integration/
 

@@ -42,6 +42,7 @@ const (
 	sectionCold    = "cold"    // pods started at once from an image not unpacked
 	sectionSuspend = "suspend" // VMs suspended onto a volume at a stop and resumed
 	sectionMemory  = "memory"  // idle VM pods' host memory, the balloon giving freed memory back, KSM
+	sectionBurst   = "burst"   // a Deployment of VM pods scaled 0 → N → 0 through a real kubelet
 )
 
 // More markers of the test guest (integration/guest/init.sh).
@@ -92,6 +93,9 @@ func TestBench(t *testing.T) {
 	if r.ran(sectionMemory) {
 		r.Memory = benchMemory(ctx, t, c)
 	}
+	if r.ran(sectionBurst) {
+		r.Burst = startKube(t).bursts(t, envInts(t, envKubeBurst, "10,20,30"))
+	}
 	r.Seconds = time.Since(began).Seconds()
 	if err := r.write(outDir); err != nil {
 		t.Errorf("write results: %v", err)
@@ -114,7 +118,7 @@ func envInts(t *testing.T, name, def string) (out []int) {
 // envSections reads the sections to run from VMSHIM_BENCH_ONLY: names
 // of the sections, comma-separated, or all of them when it is unset.
 func envSections(t *testing.T) []string {
-	all := []string{sectionStart, sectionRunc, sectionDensity, sectionCold, sectionSuspend, sectionMemory}
+	all := []string{sectionStart, sectionRunc, sectionDensity, sectionCold, sectionSuspend, sectionMemory, sectionBurst}
 	spec := os.Getenv(envBenchOnly)
 	if spec == "" {
 		return all

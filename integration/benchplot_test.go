@@ -134,9 +134,12 @@ type benchReport struct {
 	// Suspend are VMs suspended onto a root-disk volume and resumed.
 	Suspend []suspendSample `json:"suspend"`
 	// Memory is idle VM pods' host memory, what they give back, and KSM.
-	Memory  *memorySection `json:"memory,omitempty"`
-	Seconds float64        `json:"duration_s"`
-	Summary []tableRow     `json:"summary"`
+	Memory *memorySection `json:"memory,omitempty"`
+	// Burst are the rounds of a Deployment of VM pods scaled 0 → N → 0
+	// through the kubelet.
+	Burst   []burstRun `json:"burst,omitempty"`
+	Seconds float64    `json:"duration_s"`
+	Summary []tableRow `json:"summary"`
 }
 
 // newBenchReport starts a report of the sections given with what
@@ -198,6 +201,11 @@ func (r *benchReport) rows() []tableRow {
 	}
 	if r.ran(sectionMemory) {
 		r.memoryRows(&tab)
+	}
+	for _, b := range r.Burst {
+		p := fmt.Sprintf("burst through the kubelet, N=%d, round %d: ", b.Pods, b.Round)
+		tab.add(p+"scale to N → all Ready", b.ReadyS, "s", "", "")
+		tab.add(p+"scale to 0 → node as before", b.GoneS, "s", "", "")
 	}
 	return tab
 }

@@ -376,7 +376,7 @@ func orNone(s string) string {
 // oomWatchRuns is how many times the oom package's real cgroup v2 race
 // test runs in the node: each forces an OOM kill and the cgroup's removal
 // into one inotify batch.
-const oomWatchRuns = 30
+const oomWatchRuns = 200
 
 // checkOOMWatch runs the oom package's TestV2RealKillAndRemovalInOneBatch
 // in the node (a cgroup v2 host), oomWatchRuns times, and returns a
