@@ -58,8 +58,10 @@ uefi-guest: guest ## build the UEFI, Secure Boot and CD-ROM test guests (cached)
 	VMSHIM_PACK=$(BIN)/vmshim-pack integration/guest/uefi.sh $(GUEST_DIR)
 
 unit: ## run the unit tests under -race (those needing containerd use it once `make setup` built it)
-	$(GO) vet ./...
-	VMSHIM_CONTAINERD=$$([ -x $(CONTAINERD_DIR)/containerd ] && echo $(CONTAINERD_DIR)) $(GO) test -race -count=1 ./...
+	@SECONDS=0; status=0; \
+	$(GO) vet ./... && \
+	VMSHIM_CONTAINERD=$$([ -x $(CONTAINERD_DIR)/containerd ] && echo $(CONTAINERD_DIR)) $(GO) test -race -count=1 ./... || status=$$?; \
+	echo "unit: took $$SECONDS s"; exit $$status
 
 # How long `make fuzz` runs each fuzz target; `go test` alone replays
 # the seed corpora under testdata/fuzz. A target fails when fuzzing
@@ -69,7 +71,7 @@ unit: ## run the unit tests under -race (those needing containerd use it once `m
 FUZZTIME ?= 10s
 
 fuzz: ## run every Go fuzz target for FUZZTIME (default 10s) each
-	@set -e; log=$$(mktemp); trap 'rm -f $$log' EXIT; \
+	@set -e; SECONDS=0; log=$$(mktemp); trap 'rm -f $$log; echo "fuzz: took $$SECONDS s"' EXIT; \
 	for file in $$(git ls-files '*_fuzz_test.go'); do \
 		dir=$$(dirname $$file); \
 		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$file); do \
@@ -100,8 +102,10 @@ VMSHIM_KUBE_BURST ?= 10,20,30
 RELIABILITY := ^(TestChurn|TestFault.*|TestBadInput.*|TestBadImages.*|TestSecurity.*|TestQEMUKilled|TestShimKilled|TestCRIQEMUKilled|TestCRIShimKilled|TestCRIContainerdRestart)$$
 
 integration: kube guest cloud-guest uefi-guest ## run the integration tests against a real containerd, QEMU and guests
+	@SECONDS=0; status=0; \
 	$(IT_ENV) VMSHIM_GUEST_TEST=1 VMSHIM_GUEST_DIR=$(GUEST_DIR) \
-		$(GO) test -count=1 -timeout 60m -v ./integration/...
+		$(GO) test -count=1 -timeout 60m -v ./integration/... || status=$$?; \
+	echo "integration: took $$SECONDS s"; exit $$status
 
 test-reliability: setup kube guest cloud-guest ## churn, faults, bad input and security (VMSHIM_CHURN=200 for the full churn), then bursts of 10, 20 and 30 VM pods through the kubelet
 	$(IT_ENV) VMSHIM_CHURN=$(VMSHIM_CHURN) $(GO) test -count=1 -timeout 90m -v -run '$(RELIABILITY)' ./integration/

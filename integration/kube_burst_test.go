@@ -155,7 +155,13 @@ func (k *kubeCluster) burst(ctx context.Context, t *testing.T, size int, before 
 	if err != nil {
 		var states []string
 		for _, p := range list() {
-			states = append(states, fmt.Sprintf("%s %s ready=%v restarts=%d", p.Name, p.Status.Phase, podReady(&p), restarts(&p)))
+			why := p.Status.Reason
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodScheduled && c.Status != corev1.ConditionTrue {
+					why += " " + c.Message
+				}
+			}
+			states = append(states, fmt.Sprintf("%s %s ready=%v restarts=%d %s", p.Name, p.Status.Phase, podReady(&p), restarts(&p), why))
 		}
 		t.Errorf("N=%d: %v after %.0f s:\n%s", size, err, ready.Seconds(), strings.Join(states, "\n"))
 	}
@@ -171,16 +177,17 @@ func (k *kubeCluster) burst(ctx context.Context, t *testing.T, size int, before 
 	defer cancel()
 	var after nodeState
 	err = k.poll(goneCtx, fmt.Sprintf("the %d pods of %s to go and the node to be as it was", size, kubeBurstApp), time.Second, func() (bool, error) {
-		if len(list()) != 0 {
-			return false, nil
-		}
 		after = k.node.state(t)
-		return after.equal(before), nil
+		return len(list()) == 0 && after.equal(before), nil
 	})
 	gone = time.Since(start)
 	if err != nil {
-		t.Errorf("N=%d: %v after %.0f s: %d pods left; what the node holds that it did not before:\n%s",
-			size, err, gone.Seconds(), len(list()), after.diff(before))
+		var left []string
+		for _, p := range list() {
+			left = append(left, fmt.Sprintf("%s %s %s", p.Name, p.Status.Phase, p.Status.Reason))
+		}
+		t.Errorf("N=%d: %v after %.0f s: pods left: %v; what the node holds that it did not before:\n%s",
+			size, err, gone.Seconds(), left, after.diff(before))
 		return ready, gone, false
 	}
 	return ready, gone, !t.Failed()
@@ -207,8 +214,9 @@ type nodeState map[string][]string
 // (QEMU, shims, pause processes), the mounts under the daemon's and the
 // kubelet's directories (pods' network namespaces are mounts under the
 // daemon's state), the links and qdiscs of the node's network namespace,
-// the cgroups under the kubelet's root, the jail ids claimed, the shims'
-// runtime dirs, containerd's task bundles and the disk cache's entries.
+// the pods' cgroups under the kubelet's root, the jail ids claimed, the
+// shims' runtime dirs, containerd's task bundles and the disk cache's
+// entries.
 func (n *kubeNode) state(t *testing.T) nodeState {
 	t.Helper()
 	s := nodeState{}
@@ -222,7 +230,9 @@ func (n *kubeNode) state(t *testing.T) nodeState {
 		}
 	}
 	s["qdisc"] = linesOf(t, "nsenter", "--net="+netns, "--", "tc", "qdisc", "show")
-	s["cgroup"] = n.cgroupsLeft()
+	// The kubelet's QoS cgroups (kubepods, kubepods/burstable) stay for
+	// its lifetime once made; a pod's are below them, named pod<UID>.
+	s["cgroup"] = slices.DeleteFunc(n.cgroupsLeft(), func(p string) bool { return !strings.Contains(p, "/pod") })
 	s["jail claim"] = slices.Collect(maps.Keys(jailClaims(t)))
 	s["runtime dir"] = dirNames("/run/vmshim")
 	s["task bundle"] = dirNames(filepath.Join(n.daemon.dir, "state", "io.containerd.runtime.v2.task", criNamespace))
