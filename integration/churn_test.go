@@ -380,8 +380,26 @@ func (w *churnWatch) mine(s string) bool {
 // processes returns the kind (qemu, shim, pause) of each QEMU, shim and
 // pause process that belongs to the daemon or to the cycles.
 func (w *churnWatch) processes() []string {
-	entries, _ := os.ReadDir("/proc")
 	var out []string
+	for _, p := range vmProcesses() {
+		if w.mine(p.args) {
+			out = append(out, p.kind)
+		}
+	}
+	return out
+}
+
+// vmProcess is a running QEMU, VM shim or pause process.
+type vmProcess struct {
+	pid  string
+	kind string // qemu, shim or pause
+	args string // its command line, arguments joined by spaces
+}
+
+// vmProcesses lists the running QEMUs, VM shims and pause processes.
+func vmProcesses() []vmProcess {
+	entries, _ := os.ReadDir("/proc")
+	var out []vmProcess
 	for _, e := range entries {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
 			continue
@@ -402,9 +420,8 @@ func (w *churnWatch) processes() []string {
 		default:
 			continue
 		}
-		if w.mine(strings.ReplaceAll(string(data), "\x00", " ")) {
-			out = append(out, kind)
-		}
+		args := strings.ReplaceAll(strings.TrimRight(string(data), "\x00"), "\x00", " ")
+		out = append(out, vmProcess{pid: e.Name(), kind: kind, args: args})
 	}
 	return out
 }

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -220,7 +219,9 @@ type nodeState map[string][]string
 func (n *kubeNode) state(t *testing.T) nodeState {
 	t.Helper()
 	s := nodeState{}
-	s["process"] = vmPodProcesses()
+	for _, p := range vmProcesses() {
+		s["process"] = append(s["process"], p.pid+" "+p.args)
+	}
 	s["mount"] = append(mountsUnder(n.daemon.dir), mountsUnder(n.rootDir)...)
 	netns := "/run/netns/" + n.daemon.netns
 	s["link"] = linesOf(t, "nsenter", "--net="+netns, "--", "ip", "-o", "link", "show")
@@ -257,28 +258,6 @@ func (s nodeState) diff(before nodeState) string {
 		}
 	}
 	return b.String()
-}
-
-// vmPodProcesses lists the running QEMUs, VM shims and pause processes
-// as "PID ARGS".
-func vmPodProcesses() []string {
-	entries, _ := os.ReadDir("/proc")
-	var out []string
-	for _, e := range entries {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || len(data) == 0 {
-			continue
-		}
-		args := strings.ReplaceAll(strings.TrimRight(string(data), "\x00"), "\x00", " ")
-		argv0 := filepath.Base(strings.Fields(args)[0])
-		if strings.HasPrefix(argv0, "qemu-system") || argv0 == "containerd-shim-vm-v2" || argv0 == "vmshim-pause" {
-			out = append(out, e.Name()+" "+args)
-		}
-	}
-	return out
 }
 
 // linesOf runs argv and returns its output's lines.
