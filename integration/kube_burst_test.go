@@ -15,6 +15,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // The burst test: a Deployment of VM pods scaled from 0 to N and back to
@@ -119,13 +120,12 @@ func (k *kubeCluster) bursts(t *testing.T, sizes []int) []burstRun {
 func (k *kubeCluster) burst(ctx context.Context, t *testing.T, size int, before nodeState) (ready, gone time.Duration, ok bool) {
 	t.Helper()
 	deps := k.client.AppsV1().Deployments(kubeNamespace)
+	// A merge patch of the replicas, as kubectl scale sends: a read and
+	// an update would race the Deployment's controller, which writes the
+	// object too (a conflict).
 	scale := func(n int) {
-		s, err := deps.GetScale(ctx, kubeBurstApp, metav1.GetOptions{})
-		if err != nil {
-			t.Fatalf("scale of %s: %v", kubeBurstApp, err)
-		}
-		s.Spec.Replicas = int32(n)
-		if _, err := deps.UpdateScale(ctx, kubeBurstApp, s, metav1.UpdateOptions{}); err != nil {
+		patch := []byte(fmt.Sprintf(`{"spec":{"replicas":%d}}`, n))
+		if _, err := deps.Patch(ctx, kubeBurstApp, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 			t.Fatalf("scale %s to %d: %v", kubeBurstApp, n, err)
 		}
 	}

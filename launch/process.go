@@ -23,6 +23,7 @@ import (
 	"github.com/vmshim/vmshim/oom"
 	"github.com/vmshim/vmshim/procmem"
 	"github.com/vmshim/vmshim/qemu"
+	"github.com/vmshim/vmshim/tsc"
 )
 
 // qemu starts QEMU paused, in the VM's cgroup, network namespace and jail,
@@ -35,6 +36,7 @@ func (c *build) qemu(ctx context.Context) (err error) {
 		return fmt.Errorf("annotation %s: %s boots a kernel directly, and the image boots a disk: %w",
 			config.AnnotationMachine, config.MachineMicroVM, errdefs.ErrInvalidArgument)
 	}
+	c.qs.Append = microVMTSC(c.qs.Machine, c.qs.Accel, c.qs.Append, tsc.KHz)
 	if err := c.incoming(); err != nil {
 		return err
 	}
@@ -165,6 +167,24 @@ func (f *firstRead) Read(p []byte) (int, error) {
 		f.once.Do(f.then)
 	}
 	return n, err
+}
+
+// microVMTSC gives a microvm guest under TCG its time stamp counter's
+// rate on the kernel command line (tsc_early_khz), unless the line sets
+// one: microvm has no HPET or ACPI PM timer, so a Linux guest whose PIT
+// calibration fails, as it does now and then under TCG on a busy host,
+// finds no rate, marks the TSC unstable and hangs in its boot. Under TCG
+// the guest's counter is the host's (rate from khz). Other machines and
+// KVM keep the line as it is; so does a host whose rate is unknown.
+func microVMTSC(machine string, accel qemu.Accel, cmdline string, khz func() (uint64, error)) string {
+	if machine != config.MachineMicroVM || accel != qemu.AccelTCG || strings.Contains(" "+cmdline, " tsc_early_khz=") {
+		return cmdline
+	}
+	rate, err := khz()
+	if err != nil {
+		return cmdline
+	}
+	return strings.TrimSpace(cmdline + " tsc_early_khz=" + strconv.FormatUint(rate, 10))
 }
 
 // bootFilesRead is how long after QEMU's start a guest's firmware is done
