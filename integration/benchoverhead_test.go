@@ -121,16 +121,9 @@ func overheadOne(ctx context.Context, t *testing.T, c *cri, o *overheadRun) {
 	// All the guest's RAM MemAvailable says, less a little, into a tmpfs,
 	// as TestCRIResources does; then 5 MB of exec output through the
 	// shim, as TestCRIShimChargedToPod does.
-	vm.mustExec(ctx, t, "sh", "-c",
-		`mkdir -p /fill && mount -t tmpfs -o size=100% fill /fill && `+
-			`kb=$(sed -n 's/^MemAvailable: *\([0-9]*\) kB/\1/p' /proc/meminfo) && `+
-			`dd if=/dev/zero of=/fill/zero bs=1M count=$((kb / 1024 - 16)) 2>/dev/null`)
-	const line = "0123456789012345678901234567890123456789012345678"
+	vm.mustExec(ctx, t, fillGuestRAM...)
 	for range 5 {
-		out := vm.mustExec(ctx, t, "sh", "-c", "i=0; while [ $i -lt 20000 ]; do echo "+line+"; i=$((i+1)); done")
-		if len(out) != 20000*(len(line)+1) {
-			t.Fatalf("exec output %d bytes", len(out))
-		}
+		execMegabyte(ctx, t, vm)
 	}
 	q, err := processMemory(qemuPid, o.GuestMiB)
 	if err != nil {

@@ -66,12 +66,8 @@ func TestCRIShimChargedToPod(t *testing.T) {
 	vm.waitLog(ctx, t, markerAgent)
 	vm.waitLog(ctx, t, markerBooted)
 	logShimMemory(t, p, pid, "idle VM pod")
-	const line = "0123456789012345678901234567890123456789012345678"
 	for i := 0; i < 5; i++ {
-		out := vm.mustExec(ctx, t, "sh", "-c", "i=0; while [ $i -lt 20000 ]; do echo "+line+"; i=$((i+1)); done")
-		if len(out) != 20000*(len(line)+1) {
-			t.Fatalf("exec output %d bytes", len(out))
-		}
+		execMegabyte(ctx, t, vm)
 		vm.mustExec(ctx, t, "cat", "/proc/cpuinfo")
 	}
 	logShimMemory(t, p, pid, "after 5 execs of 1 MB and 5 small ones")
@@ -95,6 +91,16 @@ func TestCRIShimChargedToPod(t *testing.T) {
 	}
 	p.cgroup.remove(t)
 	assertNothingLeftCRI(t, vm.id, p.id)
+}
+
+// execMegabyte moves 1 MB of exec output from the guest through the shim.
+func execMegabyte(ctx context.Context, t *testing.T, vm *criContainer) {
+	t.Helper()
+	const line = "0123456789012345678901234567890123456789012345678"
+	out := vm.mustExec(ctx, t, "sh", "-c", "i=0; while [ $i -lt 20000 ]; do echo "+line+"; i=$((i+1)); done")
+	if len(out) != 20000*(len(line)+1) {
+		t.Fatalf("exec output %d bytes", len(out))
+	}
 }
 
 // shimPidOf returns the pid of the one shim serving pod sandbox id.
