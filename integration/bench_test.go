@@ -59,9 +59,9 @@ var errBenchGuestPanic = errors.New("guest kernel panicked")
 // TestBench measures what a VM pod costs next to bare QEMU and runc: start
 // latency, shim and host memory, density, teardown, suspend and resume,
 // memory given back by the balloon and merged by KSM, bursts through the
-// kubelet. It prints a table and
-// writes bench.json and density.svg. It asserts no timing: it fails only
-// when something it measures does not run.
+// kubelet. It prints a table and writes bench.json and density.svg. It
+// asserts no timing: it fails only when something it measures does not
+// run.
 func TestBench(t *testing.T) {
 	if os.Getenv(envBench) != "1" {
 		t.Skipf("set %s=1 to run the benchmark (make bench does)", envBench)
