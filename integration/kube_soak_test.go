@@ -378,11 +378,7 @@ func (s *soak) resizeCycle(ctx context.Context, t *testing.T, name string) {
 // network namespace the shim makes: started, booted, stopped with
 // SIGTERM (the guest powers off: exit 0), removed.
 func (s *soak) ctrCycle(ctx context.Context, t *testing.T, _ string) {
-	v, err := createVM(ctx, t, uniqueID(t), imageKernelWait, nil)
-	if err != nil {
-		t.Fatalf("create task: %v", err)
-	}
-	v.start(ctx, t)
+	v := startVM(ctx, t, imageKernelWait)
 	v.console.waitFor(ctx, t, markerBooted)
 	if err := v.task.Kill(ctx, syscall.SIGTERM); err != nil {
 		t.Fatalf("kill: %v", err)
