@@ -142,6 +142,9 @@ func (k *kubeCluster) testSoak(t *testing.T) {
 	t.Logf("soak of %v: %d rounds, %d cycles\n%s", time.Since(s.started).Round(time.Second), len(s.samples)-1, cycles, s.table())
 	s.checkGrowth(t)
 
+	// The soak outlives the setup's context: the teardown has its own.
+	ctx, cancel = context.WithTimeout(context.Background(), soakCleanBound)
+	defer cancel()
 	k.deletePods(ctx, t, soakResident)
 	empty["disk cache"] = s.base["disk cache"] // the URL kind's disk stays cached, by design
 	if err := k.poll(ctx, "the node to be as before the soak", time.Second, func() (bool, error) {
