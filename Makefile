@@ -99,6 +99,8 @@ IT_ENV := VMSHIM_INTEGRATION=1 VMSHIM_BIN=$(BIN) VMSHIM_CONTAINERD=$(CONTAINERD_
 VMSHIM_CHURN ?= 20
 # The burst sizes of make test-reliability; make test runs 10 alone.
 VMSHIM_KUBE_BURST ?= 10,20,30
+# How long make test-reliability's soak runs; make test runs one round.
+VMSHIM_KUBE_SOAK ?= 1h
 RELIABILITY := ^(TestChurn|TestFault.*|TestBadInput.*|TestBadImages.*|TestSecurity.*|TestQEMUKilled|TestShimKilled|TestCRIQEMUKilled|TestCRIShimKilled|TestCRIContainerdRestart)$$
 
 integration: kube guest cloud-guest uefi-guest ## run the integration tests against a real containerd, QEMU and guests
@@ -107,9 +109,10 @@ integration: kube guest cloud-guest uefi-guest ## run the integration tests agai
 		$(GO) test -count=1 -timeout 60m -v ./integration/... || status=$$?; \
 	echo "integration: took $$SECONDS s"; exit $$status
 
-test-reliability: setup kube guest cloud-guest ## churn, faults, bad input and security (VMSHIM_CHURN=200 for the full churn), then bursts of 10, 20 and 30 VM pods through the kubelet
+test-reliability: setup kube guest cloud-guest ## churn, faults, bad input and security (VMSHIM_CHURN=200 for the full churn), bursts of 10, 20 and 30 VM pods through the kubelet, then an hour's soak of every kind of pod (VMSHIM_KUBE_SOAK)
 	$(IT_ENV) VMSHIM_CHURN=$(VMSHIM_CHURN) $(GO) test -count=1 -timeout 90m -v -run '$(RELIABILITY)' ./integration/
 	$(IT_ENV) VMSHIM_KUBE_BURST=$(VMSHIM_KUBE_BURST) $(GO) test -count=1 -timeout 90m -v -run '^TestKube$$/^Burst$$' ./integration/
+	$(IT_ENV) VMSHIM_KUBE_SOAK=$(VMSHIM_KUBE_SOAK) $(GO) test -count=1 -timeout 150m -v -run '^TestKube$$/^Soak$$' ./integration/
 
 # The cgroup v2 + systemd node test: the node image (integration/guest/
 # node.sh, cached by a stamp), then the node run (integration/node), each

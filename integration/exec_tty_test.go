@@ -199,9 +199,14 @@ func killTTYExecs(ctx context.Context, t *testing.T, v *vm) {
 	t.Helper()
 	for i, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		screen := newScreen()
-		proc, statusC := execProcess(ctx, t, v, fmt.Sprintf("kill%d", i), &specs.Process{Args: []string{"sleep", "1000"}, Cwd: "/", Terminal: true},
+		mark := screen.mark()
+		// The program runs once the shell has said so (it then becomes
+		// sleep; a signal in between ends the shell with the same
+		// status), never before script has started it.
+		args := []string{"sh", "-c", "echo VMSHIM-SLEEPING; exec sleep 1000"}
+		proc, statusC := execProcess(ctx, t, v, fmt.Sprintf("kill%d", i), &specs.Process{Args: args, Cwd: "/", Terminal: true},
 			cio.NewCreator(cio.WithStreams(nil, screen, nil), cio.WithTerminal))
-		time.Sleep(2 * time.Second) // sleep runs
+		screen.waitFor(ctx, t, mark, "the program running", func(out string) bool { return strings.Contains(out, "VMSHIM-SLEEPING") })
 		if err := proc.Kill(ctx, sig); err != nil {
 			t.Fatalf("kill %v: %v", sig, err)
 		}

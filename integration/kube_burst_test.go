@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"os/exec"
@@ -214,8 +215,9 @@ type nodeState map[string][]string
 // kubelet's directories (pods' network namespaces are mounts under the
 // daemon's state), the links and qdiscs of the node's network namespace,
 // the pods' cgroups under the kubelet's root, the jail ids claimed, the
-// shims' runtime dirs, containerd's task bundles and the disk cache's
-// entries.
+// shims' runtime dirs, containerd's task bundles (of the kubelet's
+// namespace and of the one the tests use as ctr does) and every file
+// and directory of the disk cache.
 func (n *kubeNode) state(t *testing.T) nodeState {
 	t.Helper()
 	s := nodeState{}
@@ -236,8 +238,12 @@ func (n *kubeNode) state(t *testing.T) nodeState {
 	s["cgroup"] = slices.DeleteFunc(n.cgroupsLeft(), func(p string) bool { return !strings.Contains(p, "/pod") })
 	s["jail claim"] = slices.Collect(maps.Keys(jailClaims(t)))
 	s["runtime dir"] = dirNames("/run/vmshim")
-	s["task bundle"] = dirNames(filepath.Join(n.daemon.dir, "state", "io.containerd.runtime.v2.task", criNamespace))
-	s["disk cache"] = dirNames(filepath.Join(n.daemon.dir, "disks"))
+	for _, ns := range []string{criNamespace, testNamespace} { // the kubelet's and ctr's
+		for _, b := range dirNames(filepath.Join(n.daemon.dir, "state", "io.containerd.runtime.v2.task", ns)) {
+			s["task bundle"] = append(s["task bundle"], ns+"/"+b)
+		}
+	}
+	s["disk cache"] = treeNames(filepath.Join(n.daemon.dir, "disks"))
 	for k := range s {
 		slices.Sort(s[k])
 	}
@@ -268,6 +274,20 @@ func linesOf(t *testing.T, argv ...string) []string {
 		t.Errorf("%s: %v", strings.Join(argv, " "), err)
 	}
 	return strings.FieldsFunc(strings.TrimSpace(string(out)), func(r rune) bool { return r == '\n' })
+}
+
+// treeNames lists the paths below dir, relative to it; none when it does
+// not exist. Entries that vanish during the walk are not listed.
+func treeNames(dir string) []string {
+	var out []string
+	_ = filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
+		if err == nil && path != dir {
+			rel, _ := filepath.Rel(dir, path)
+			out = append(out, rel)
+		}
+		return nil
+	})
+	return out
 }
 
 // dirNames lists the names in dir; none when it does not exist.

@@ -37,6 +37,7 @@ func TestKube(t *testing.T) {
 	t.Run("BadInput", k.testBadInput)
 	t.Run("MixedPod", k.testMixedPod)
 	t.Run("Deployment", k.testDeployment)
+	t.Run("Soak", k.testSoak)
 	t.Run("Burst", k.testBurst)
 	t.Run("Drain", k.testDrain)
 }
