@@ -38,6 +38,7 @@ func TestKube(t *testing.T) {
 	t.Run("MixedPod", k.testMixedPod)
 	t.Run("Deployment", k.testDeployment)
 	t.Run("Burst", k.testBurst)
+	t.Run("RestartsUnderLoad", k.testRestartsUnderLoad)
 	t.Run("Drain", k.testDrain)
 }
 
