@@ -131,8 +131,8 @@ func (k *kubeCluster) testDrain(t *testing.T) {
 	n2 := k.addNode(ctx, t)
 	nodes := map[string]*kubeNode{k.node.name: k.node, n2.name: n2}
 	vol := filepath.Join(k.dir, "volumes", kubeDrainApp)
-	k.localVolume(ctx, t, vol, k.node.name, n2.name)
-	k.statefulSet(ctx, t)
+	k.localVolume(ctx, t, kubeDrainApp, vol, k.node.name, n2.name)
+	k.statefulSet(ctx, t, kubeDrainApp)
 
 	first := k.waitPod(ctx, t, kubeDrainApp+"-0", "Ready", podReady)
 	from, to := nodes[first.Spec.NodeName], n2
@@ -300,8 +300,9 @@ func (k *kubeCluster) waitGuestAddress(ctx context.Context, t *testing.T, pod, i
 
 // localVolume makes the StorageClass of local volumes and one local
 // PersistentVolume at dir that the named nodes reach (on this machine,
-// all of them see the same directory); they go when the test ends.
-func (k *kubeCluster) localVolume(ctx context.Context, t *testing.T, dir string, nodes ...string) {
+// all of them see the same directory), both named app; they go when the
+// test ends.
+func (k *kubeCluster) localVolume(ctx context.Context, t *testing.T, app, dir string, nodes ...string) {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -309,7 +310,7 @@ func (k *kubeCluster) localVolume(ctx context.Context, t *testing.T, dir string,
 	wait := storagev1.VolumeBindingWaitForFirstConsumer
 	retain := corev1.PersistentVolumeReclaimRetain
 	sc := &storagev1.StorageClass{
-		ObjectMeta:        metav1.ObjectMeta{Name: kubeDrainApp},
+		ObjectMeta:        metav1.ObjectMeta{Name: app},
 		Provisioner:       "kubernetes.io/no-provisioner",
 		VolumeBindingMode: &wait,
 		ReclaimPolicy:     &retain,
@@ -319,12 +320,12 @@ func (k *kubeCluster) localVolume(ctx context.Context, t *testing.T, dir string,
 	}
 	fs := corev1.PersistentVolumeFilesystem
 	pv := &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: kubeDrainApp},
+		ObjectMeta: metav1.ObjectMeta{Name: app},
 		Spec: corev1.PersistentVolumeSpec{
 			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("2Gi")},
 			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			PersistentVolumeReclaimPolicy: retain,
-			StorageClassName:              kubeDrainApp,
+			StorageClassName:              app,
 			VolumeMode:                    &fs,
 			PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: dir}},
 			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
@@ -347,22 +348,23 @@ func (k *kubeCluster) localVolume(ctx context.Context, t *testing.T, dir string,
 	})
 }
 
-// statefulSet creates the StatefulSet of one VM: the disk guest with its
-// agent, its root disk on the volume its claim template asks for, saved
-// on stop. It is deleted, with its pod and claim, when the test ends.
-func (k *kubeCluster) statefulSet(ctx context.Context, t *testing.T) {
+// statefulSet creates the StatefulSet app of one VM: the disk guest with
+// its agent, its root disk on the volume its claim template asks for (of
+// the StorageClass app), saved on stop. It is deleted, with its pod and
+// claim, when the test ends, unless the test deleted it itself.
+func (k *kubeCluster) statefulSet(ctx context.Context, t *testing.T, app string) {
 	t.Helper()
-	tmpl := vmPod(kubeDrainApp, imageDiskAgent)
+	tmpl := vmPod(app, imageDiskAgent)
 	tmpl.Annotations = map[string]string{annotationRootDiskVolume: "/data", "vmshim.io/on-stop": "suspend"}
 	tmpl.Spec.Containers[0].ReadinessProbe = execProbe(guestServes...)
 	tmpl.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "disk", MountPath: "/data"}}
 	one := int32(1)
-	sc := kubeDrainApp
+	sc := app
 	ss := &appsv1.StatefulSet{
-		ObjectMeta: metav1.ObjectMeta{Name: kubeDrainApp, Namespace: kubeNamespace},
+		ObjectMeta: metav1.ObjectMeta{Name: app, Namespace: kubeNamespace},
 		Spec: appsv1.StatefulSetSpec{
 			Replicas:    &one,
-			ServiceName: kubeDrainApp,
+			ServiceName: app,
 			Selector:    &metav1.LabelSelector{MatchLabels: tmpl.Labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: tmpl.Labels, Annotations: tmpl.Annotations},
@@ -385,16 +387,16 @@ func (k *kubeCluster) statefulSet(ctx context.Context, t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		fg := metav1.DeletePropagationForeground
-		if err := k.client.AppsV1().StatefulSets(kubeNamespace).Delete(ctx, ss.Name, metav1.DeleteOptions{PropagationPolicy: &fg}); err != nil {
+		if err := k.client.AppsV1().StatefulSets(kubeNamespace).Delete(ctx, ss.Name, metav1.DeleteOptions{PropagationPolicy: &fg}); err != nil && !apierrors.IsNotFound(err) {
 			t.Errorf("delete statefulset: %v", err)
 		}
 		if err := k.poll(ctx, "the statefulset's pod to go", time.Second, func() (bool, error) {
-			left, err := k.client.CoreV1().Pods(kubeNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + kubeDrainApp})
+			left, err := k.client.CoreV1().Pods(kubeNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + app})
 			return err == nil && len(left.Items) == 0, err
 		}); err != nil {
 			t.Errorf("%v", err)
 		}
-		claim := "disk-" + kubeDrainApp + "-0"
+		claim := "disk-" + app + "-0"
 		if err := k.client.CoreV1().PersistentVolumeClaims(kubeNamespace).Delete(ctx, claim, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			t.Errorf("delete claim %s: %v", claim, err)
 		}

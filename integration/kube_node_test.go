@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -173,8 +174,7 @@ func (k *kubeCluster) startKubelet(server string, n *kubeNode) error {
 	if err := k.pki.nodeCerts(n.stem, n.name, net.ParseIP(n.ip)); err != nil {
 		return err
 	}
-	kubeconfig, err := k.pki.kubeconfig(n.stem, server)
-	if err != nil {
+	if _, err := k.pki.kubeconfig(n.stem, server); err != nil {
 		return err
 	}
 	node := n.dir
@@ -196,9 +196,8 @@ func (k *kubeCluster) startKubelet(server string, n *kubeNode) error {
 	if err := os.WriteFile(filepath.Join(node, "resolv.conf"), []byte(resolv), 0o644); err != nil {
 		return err
 	}
-	cfg := filepath.Join(node, "kubelet.yaml")
 	body := fmt.Sprintf(kubeletConfig, n.ip, k.pki.path(n.stem+"-serving"), n.daemon.address, n.cgroupRoot, node, kubeDNSIP, k.pki.path("ca.crt"))
-	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(node, "kubelet.yaml"), []byte(body), 0o644); err != nil {
 		return err
 	}
 	if err := n.makeCgroupRoot(); err != nil {
@@ -213,17 +212,36 @@ func (k *kubeCluster) startKubelet(server string, n *kubeNode) error {
 	if err := syscall.Mount("", n.rootDir, "", syscall.MS_SHARED, ""); err != nil {
 		return fmt.Errorf("make %s shared: %w", n.rootDir, err)
 	}
+	return k.runKubelet(n)
+}
+
+// runKubelet runs the kubelet of node n, prepared by startKubelet, in a
+// mount namespace of its own (kubeletWrapper).
+func (k *kubeCluster) runKubelet(n *kubeNode) error {
+	var err error
 	n.kubelet, err = k.runIn(n.netns, n.stem, "unshare", "--mount", "--propagation", "unchanged", "--",
-		"sh", "-c", kubeletWrapper, "kubelet-wrapper", node,
+		"sh", "-c", kubeletWrapper, "kubelet-wrapper", n.dir,
 		filepath.Join(k.bin, "kubelet"),
-		"--config", cfg,
-		"--kubeconfig", kubeconfig,
+		"--config", filepath.Join(n.dir, "kubelet.yaml"),
+		"--kubeconfig", k.pki.path(n.stem+".kubeconfig"),
 		"--root-dir", n.rootDir,
 		"--node-ip", n.ip,
 		"--hostname-override", n.name,
 		"--node-labels", kubeNodeLabel,
 		"--v", "2")
 	return err
+}
+
+// restartKubelet stops the kubelet of node n (SIGTERM to its process
+// group, SIGKILL after 10 s) and runs it again with the same
+// configuration and root dir, as a node's service manager restarts it.
+// Its pods' containers go on running. The caller waits for the node to
+// be Ready again.
+func (k *kubeCluster) restartKubelet(n *kubeNode) error {
+	old := n.kubelet
+	old.stop()
+	k.procs = slices.DeleteFunc(k.procs, func(p *kubeProc) bool { return p == old })
+	return k.runKubelet(n)
 }
 
 // cgroupHierarchies lists the mounted cgroup hierarchies.

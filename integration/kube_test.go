@@ -39,6 +39,7 @@ func TestKube(t *testing.T) {
 	t.Run("Deployment", k.testDeployment)
 	t.Run("Soak", k.testSoak)
 	t.Run("Burst", k.testBurst)
+	t.Run("RestartsUnderLoad", k.testRestartsUnderLoad)
 	t.Run("Drain", k.testDrain)
 }
 
