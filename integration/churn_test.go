@@ -2,8 +2,6 @@ package integration
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"maps"
@@ -162,9 +160,8 @@ func (w *churnWatch) booted(t *testing.T, ctr bool) {
 // own records task id of containerd namespace ns as the test's.
 func (w *churnWatch) own(ns string, ids ...string) {
 	for _, id := range ids {
-		sum := sha256.Sum256([]byte(ns + "/" + id))
 		w.ids = append(w.ids, id)
-		w.hashes = append(w.hashes, hex.EncodeToString(sum[:8]))
+		w.hashes = append(w.hashes, shimHash(ns, id))
 	}
 }
 

@@ -233,8 +233,7 @@ func (s *suite) assertNothingLeft(ctx context.Context, t *testing.T, id string) 
 			t.Errorf("mount left for %s: %s", id, m)
 		}
 	}
-	sum := sha256.Sum256([]byte(testNamespace + "/" + id))
-	if _, err := os.Stat(filepath.Join("/run/vmshim", hex.EncodeToString(sum[:8]))); err == nil {
+	if _, err := os.Stat(shimRuntimeDir(testNamespace, id)); err == nil {
 		t.Errorf("runtime dir left for %s", id)
 	}
 	if _, err := os.Stat(vmNetns(testNamespace, id)); err == nil {
@@ -258,11 +257,23 @@ func (s *suite) assertNothingLeft(ctx context.Context, t *testing.T, id string) 
 	}
 }
 
+// shimHash is the name the shim derives from a task's containerd
+// namespace and id for what it makes of the task on the host (its
+// runtime dir, its own network namespace).
+func shimHash(ns, id string) string {
+	sum := sha256.Sum256([]byte(ns + "/" + id))
+	return hex.EncodeToString(sum[:8])
+}
+
+// shimRuntimeDir is the runtime dir of task id of namespace ns.
+func shimRuntimeDir(ns, id string) string {
+	return filepath.Join("/run/vmshim", shimHash(ns, id))
+}
+
 // vmNetns is the path of the network namespace the shim makes for a
 // container that asks for one of its own.
 func vmNetns(ns, id string) string {
-	sum := sha256.Sum256([]byte(ns + "/" + id))
-	return filepath.Join("/run/netns", "vmshim-"+hex.EncodeToString(sum[:8]))
+	return filepath.Join("/run/netns", "vmshim-"+shimHash(ns, id))
 }
 
 // processesMentioning lists "pid: cmdline" of processes whose command

@@ -2,8 +2,6 @@ package integration
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -216,8 +214,7 @@ func (k *kubeCluster) assertPodGone(ctx context.Context, t *testing.T, n *kubeNo
 		if procs := processesMentioning(id); len(procs) != 0 {
 			t.Errorf("processes left for %s: %v", id, procs)
 		}
-		sum := sha256.Sum256([]byte(criNamespace + "/" + id))
-		if _, err := os.Stat(filepath.Join("/run/vmshim", hex.EncodeToString(sum[:8]))); err == nil {
+		if _, err := os.Stat(shimRuntimeDir(criNamespace, id)); err == nil {
 			t.Errorf("runtime dir left for %s", id)
 		}
 		if jid, ok := claims[criNamespace+"/"+id]; ok {

@@ -2,8 +2,6 @@ package integration
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -429,8 +427,8 @@ func (n *kubeNode) heldBy(t *testing.T, netns string, ids ...string) []string {
 				}
 			}
 		}
-		if _, err := os.Stat(shimRuntimeDir(id)); err == nil {
-			left = append(left, "runtime dir "+shimRuntimeDir(id))
+		if _, err := os.Stat(shimRuntimeDir(criNamespace, id)); err == nil {
+			left = append(left, "runtime dir "+shimRuntimeDir(criNamespace, id))
 		}
 		if jid, ok := claims[criNamespace+"/"+id]; ok {
 			left = append(left, "jail id "+jid)
@@ -588,13 +586,6 @@ func (k *kubeCluster) waitGuestFile(ctx context.Context, t *testing.T, pod, path
 	if err != nil {
 		t.Errorf("%v: last exec: %s", err, last)
 	}
-}
-
-// shimRuntimeDir is the runtime dir of the shim's task id in the CRI's
-// namespace, named by a hash of both.
-func shimRuntimeDir(id string) string {
-	sum := sha256.Sum256([]byte(criNamespace + "/" + id))
-	return filepath.Join("/run/vmshim", hex.EncodeToString(sum[:8]))
 }
 
 // readySandbox returns the id of pod uid's one ready sandbox on node n.

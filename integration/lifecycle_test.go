@@ -3,12 +3,9 @@ package integration
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -237,8 +234,7 @@ func assertNothingLeftCRI(t *testing.T, ids ...string) {
 	}
 	// The runtime dir is named by a hash of namespace and id.
 	for _, id := range ids {
-		sum := sha256.Sum256([]byte(criNamespace + "/" + id))
-		if _, err := os.Stat(filepath.Join("/run/vmshim", hex.EncodeToString(sum[:8]))); err == nil {
+		if _, err := os.Stat(shimRuntimeDir(criNamespace, id)); err == nil {
 			t.Errorf("runtime dir left for %s", id)
 		}
 	}

@@ -3,8 +3,6 @@ package integration
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -39,8 +37,7 @@ func TestSecuritySockets(t *testing.T) {
 	v.console.waitFor(ctx, t, markerBooted)
 	pid, argv := secQEMU(t, v.id)
 
-	sum := sha256.Sum256([]byte(testNamespace + "/" + v.id))
-	dir := filepath.Join("/run/vmshim", hex.EncodeToString(sum[:8]))
+	dir := shimRuntimeDir(testNamespace, v.id)
 	if fi, err := os.Stat(dir); err != nil {
 		t.Fatalf("runtime dir: %v", err)
 	} else if st := fi.Sys().(*syscall.Stat_t); !fi.IsDir() || fi.Mode().Perm() != 0o700 || st.Uid != 0 || st.Gid != 0 {
