@@ -298,17 +298,48 @@ func processesMentioning(s string) []string {
 }
 
 // dumpShimStacks has the shim of container id write its goroutines into
-// the daemon's log (containerd's shims dump them on SIGUSR1), and returns
-// the end of that log: for a test that finds the shim stuck.
+// the daemon's log (shimStackDump), and returns the end of that log: for
+// a test that finds the shim stuck.
 func dumpShimStacks(d *daemon, id string) string {
 	for _, p := range processesMentioning(" -id " + id + " ") {
 		pid, cmdline, _ := strings.Cut(p, ": ")
 		if n, err := strconv.Atoi(pid); err == nil && strings.Contains(cmdline, "containerd-shim-vm-v2") {
-			_ = syscall.Kill(n, syscall.SIGUSR1)
+			_, _ = shimStackDump(d, n, 5*time.Second)
 		}
 	}
-	time.Sleep(time.Second)
 	return tailFile(d.logPath, 64<<10)
+}
+
+// shimStackDump has shim pid write its goroutines into the daemon's log
+// (containerd's shim library dumps them on SIGUSR1, as one line with the
+// shim's pid, its newlines escaped) and returns that line once it is
+// there, within limit.
+func shimStackDump(d *daemon, pid int, limit time.Duration) (string, error) {
+	st, err := os.Stat(d.logPath)
+	if err != nil {
+		return "", err
+	}
+	if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
+		return "", fmt.Errorf("SIGUSR1 to shim %d: %w", pid, err)
+	}
+	mark := fmt.Sprintf("pid=%d ", pid)
+	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		f, err := os.Open(d.logPath)
+		if err != nil {
+			return "", err
+		}
+		var data []byte
+		if _, err := f.Seek(st.Size(), io.SeekStart); err == nil {
+			data, _ = io.ReadAll(f)
+		}
+		f.Close()
+		for line := range strings.Lines(string(data)) {
+			if strings.Contains(line, "END goroutine stack dump") && strings.Contains(line, mark) {
+				return line, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("shim %d wrote no stack dump to %s within %v of SIGUSR1", pid, d.logPath, limit)
 }
 
 // imageFileDigest returns the sha256 of a file inside an image's layers,

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -417,10 +416,10 @@ func (s *soak) sample(t *testing.T, round, cycles int) {
 	pid := s.residentShim(t)
 	smp := soakSample{
 		at: time.Since(s.started), round: round, cyclesBefore: cycles,
-		shim:           readProcUse(pid),
+		shim:           readProcUse(t, pid),
 		shimGoroutines: shimGoroutines(t, s.k.node.daemon, pid),
-		containerd:     readProcUse(s.k.node.daemon.cmd.Process.Pid),
-		kubelet:        readProcUse(s.k.node.kubelet.cmd.Process.Pid),
+		containerd:     readProcUse(t, s.k.node.daemon.cmd.Process.Pid),
+		kubelet:        readProcUse(t, s.k.node.kubelet.cmd.Process.Pid),
 	}
 	s.samples = append(s.samples, smp)
 	t.Logf("round %d (%d cycles, %v): resident shim %d KiB, %d fds, %d goroutines; containerd %d KiB, %d fds; kubelet %d KiB, %d fds",
@@ -435,75 +434,43 @@ func (s *soak) residentShim(t *testing.T) int {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	sandbox := s.k.node.sandboxID(ctx, t, string(s.resident.UID))
-	for _, p := range vmProcesses() {
-		if p.kind == "shim" && slices.Contains(strings.Fields(p.args), sandbox) {
-			pid, _ := strconv.Atoi(p.pid)
-			return pid
-		}
+	shims := shimsOf(sandbox)
+	if len(shims) != 1 {
+		t.Fatalf("the shims of sandbox %s: %v, want one", sandbox, shims)
 	}
-	t.Fatalf("no shim for sandbox %s", sandbox)
-	return 0
+	pid, _, _ := strings.Cut(shims[0], ":")
+	n, err := strconv.Atoi(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
-// readProcUse reads pid's resident memory and counts its open fds; both
-// are 0 for a process that is gone.
-func readProcUse(pid int) procUse {
-	var st procUse
-	if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
-		if line := lineWith(string(data), "VmRSS:"); line != "" {
-			if f := strings.Fields(line); len(f) >= 2 {
-				st.rssKiB, _ = strconv.Atoi(f[1])
-			}
-		}
+// readProcUse reads pid's resident memory (vmRSS) and counts its open
+// fds.
+func readProcUse(t *testing.T, pid int) procUse {
+	t.Helper()
+	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
 	}
-	entries, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	st.fds = len(entries)
-	return st
+	return procUse{rssKiB: int(vmRSS(t, pid)), fds: len(entries)}
 }
 
 // goroutineRE matches the header of one goroutine in a stack dump; in
 // the log line that holds the dump, its newlines are escaped.
 var goroutineRE = regexp.MustCompile(`goroutine \d+ \[`)
 
-// shimGoroutines counts the goroutines of the shim pid from the stack
-// dump containerd's shim library logs on SIGUSR1, which the shim's log
-// (containerd's) holds as one line with the shim's pid.
+// shimGoroutines counts the goroutines of the shim pid in its stack
+// dump (shimStackDump).
 func shimGoroutines(t *testing.T, d *daemon, pid int) int {
 	t.Helper()
-	st, err := os.Stat(d.logPath)
+	dump, err := shimStackDump(d, pid, 20*time.Second)
 	if err != nil {
-		t.Fatal(err)
+		t.Error(err)
+		return 0
 	}
-	from := st.Size()
-	if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
-		t.Fatalf("SIGUSR1 to shim %d: %v", pid, err)
-	}
-	mark := fmt.Sprintf("pid=%d ", pid)
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		f, err := os.Open(d.logPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		data := make([]byte, 0, 1<<20)
-		if _, err := f.Seek(from, 0); err == nil {
-			buf := make([]byte, 64<<10)
-			for {
-				n, err := f.Read(buf)
-				data = append(data, buf[:n]...)
-				if err != nil {
-					break
-				}
-			}
-		}
-		f.Close()
-		for line := range strings.Lines(string(data)) {
-			if strings.Contains(line, "END goroutine stack dump") && strings.Contains(line, mark) {
-				return len(goroutineRE.FindAllStringIndex(line, -1))
-			}
-		}
-	}
-	t.Errorf("shim %d wrote no stack dump to %s after SIGUSR1", pid, d.logPath)
-	return 0
+	return len(goroutineRE.FindAllStringIndex(dump, -1))
 }
 
 // checkGrowth fails when the resident's shim holds more at the end than
