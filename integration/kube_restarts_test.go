@@ -310,14 +310,7 @@ func (k *kubeCluster) kubeletRestart(t *testing.T, vms []*runningVM, mark func(s
 // from the API server ("pod does not exist" before).
 func (k *kubeCluster) waitExec(ctx context.Context, t *testing.T, pod string) {
 	t.Helper()
-	var last string
-	err := k.poll(ctx, "kubectl exec of pod "+pod+" to answer", 500*time.Millisecond, func() (bool, error) {
-		cctx, cancel := context.WithTimeout(ctx, kubeExecTimeout)
-		defer cancel()
-		out, errOut, code := k.kubectlRun(cctx, "", "-n", kubeNamespace, "exec", pod, "--", "true")
-		last = fmt.Sprintf("exit %d %s%s", code, out, errOut)
-		return code == 0, nil
-	})
+	last, err := k.pollExec(ctx, "kubectl exec of pod "+pod+" to answer", pod, exitedZero, "true")
 	if err != nil {
 		t.Fatalf("%v: last exec: %s\n--- kubelet log:\n%s", err, last, k.logTail(k.node.stem, 3000))
 	}
@@ -539,15 +532,9 @@ func (k *kubeCluster) longExecsEnded(ctx context.Context, t *testing.T, execs []
 		// The pattern's brackets keep the check's own command line from
 		// matching it.
 		shell := strings.Replace(e.mark+".done", ".done", "[.]done", 1)
-		var last string
-		err := k.poll(ctx, fmt.Sprintf("pod %s: the long exec's shell to go", e.pod), 500*time.Millisecond, func() (bool, error) {
-			cctx, cancel := context.WithTimeout(ctx, kubeExecTimeout)
-			defer cancel()
-			out, errOut, code := k.kubectlRun(cctx, "", "-n", kubeNamespace, "exec", e.pod, "--",
-				"sh", "-c", "grep -ls '"+shell+"' /proc/[0-9]*/cmdline; exit 0")
-			last = fmt.Sprintf("exit %d %s%s", code, out, errOut)
-			return code == 0 && strings.TrimSpace(out) == "", nil
-		})
+		last, err := k.pollExec(ctx, fmt.Sprintf("pod %s: the long exec's shell to go", e.pod), e.pod,
+			func(out string, code int) bool { return code == 0 && strings.TrimSpace(out) == "" },
+			"sh", "-c", "grep -ls '"+shell+"' /proc/[0-9]*/cmdline; exit 0")
 		if err != nil {
 			t.Errorf("%v: last exec: %s", err, last)
 			continue
@@ -575,18 +562,29 @@ func (e *longExec) kubectlEnd(restarted time.Time) string {
 // waitGuestFile waits until path exists in the pod's guest.
 func (k *kubeCluster) waitGuestFile(ctx context.Context, t *testing.T, pod, path, what string) {
 	t.Helper()
-	var last string
-	err := k.poll(ctx, fmt.Sprintf("pod %s: %s (%s)", pod, what, path), 500*time.Millisecond, func() (bool, error) {
-		cctx, cancel := context.WithTimeout(ctx, kubeExecTimeout)
-		defer cancel()
-		out, errOut, code := k.kubectlRun(cctx, "", "-n", kubeNamespace, "exec", pod, "--", "test", "-e", path)
-		last = fmt.Sprintf("exit %d %s%s", code, out, errOut)
-		return code == 0, nil
-	})
-	if err != nil {
+	if last, err := k.pollExec(ctx, fmt.Sprintf("pod %s: %s (%s)", pod, what, path), pod, exitedZero, "test", "-e", path); err != nil {
 		t.Errorf("%v: last exec: %s", err, last)
 	}
 }
+
+// pollExec runs `kubectl exec POD -- ARGV` every half second, each run
+// within kubeExecTimeout, until done holds for its stdout and exit code;
+// it returns the last run's exit code and output, for a failure's
+// message.
+func (k *kubeCluster) pollExec(ctx context.Context, what, pod string, done func(out string, code int) bool, argv ...string) (string, error) {
+	var last string
+	err := k.poll(ctx, what, 500*time.Millisecond, func() (bool, error) {
+		cctx, cancel := context.WithTimeout(ctx, kubeExecTimeout)
+		defer cancel()
+		out, errOut, code := k.kubectlRun(cctx, "", append([]string{"-n", kubeNamespace, "exec", pod, "--"}, argv...)...)
+		last = fmt.Sprintf("exit %d %s%s", code, out, errOut)
+		return done(out, code), nil
+	})
+	return last, err
+}
+
+// exitedZero is pollExec's done for a command that must succeed.
+func exitedZero(_ string, code int) bool { return code == 0 }
 
 // readySandbox returns the id of pod uid's one ready sandbox on node n.
 func (n *kubeNode) readySandbox(ctx context.Context, t *testing.T, uid string) string {
