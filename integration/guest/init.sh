@@ -12,6 +12,11 @@
 #                                  on an EFI boot only (none on a BIOS boot):
 #                                  the SecureBoot EFI variable, unknown when it
 #                                  is missing (before BOOTED)
+#   VMSHIM-TPM version=<2|1.2|unknown> pcr7=<hex|none>
+#                                  only when the kernel sees a TPM (nothing
+#                                  without one): its major version and PCR 7
+#                                  of the SHA-256 bank in lowercase hex, none
+#                                  without that bank (before BOOTED)
 #   VMSHIM-DISK-BOOTS <n>          on a disk boot, how many boots the boot disk
 #                                  saw before this one (before BOOTED)
 #   VMSHIM-AGENT-STARTED           qemu-ga runs on the virtio-serial port
@@ -51,9 +56,9 @@
 #   VMSHIM-PEER-FAIL <peer>        ... or did not within 60 tries
 #
 # Lines starting VMSHIM-GUEST-WARNING: say what did not work (a module, the
-# power button, httpd, the agent's port, qemu-ga itself, or a DHCPv6
-# address the interface could not have or that failed duplicate address
-# detection).
+# power button, reading the TPM's PCR 7, httpd, the agent's port, qemu-ga
+# itself, or a DHCPv6 address the interface could not have or that failed
+# duplicate address detection).
 #
 # The mode comes from /etc/vmshim-mode (baked into the initramfs), overridden
 # by vmshim.mode=wait|poweroff|panic|router-only on the kernel command line.
@@ -176,6 +181,35 @@ report_efi() {
 	# shellcheck disable=SC2046 # one word per byte
 	set -- $(od -An -tu1 "$efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c" 2>/dev/null)
 	echo "VMSHIM-EFI secureboot=${5:-unknown}"
+}
+
+# report_tpm prints VMSHIM-TPM when the kernel sees a TPM (the Debian
+# kernel has the TPM core, tpm_crb and tpm_tis built in), nothing without
+# one, so a guest without a TPM prints what it always did. PCR 7 holds the
+# firmware's Secure Boot measurements (the policy and the keys it
+# verified with), so it tells an EFI boot with Secure Boot on from one
+# with it off. The kernel prints the PCR in uppercase hex; it is
+# lowercased here, as sha256sum and most tools print hashes. The kernel
+# reads the PCR from the TPM once per open of the file and serves the
+# whole line (65 bytes) from that, whatever size the reads are.
+report_tpm() {
+	tpm=/sys/class/tpm/tpm0
+	[ -e "$tpm" ] || return 0
+	case $(cat "$tpm/tpm_version_major" 2>/dev/null) in
+	2) version=2 ;;
+	1) version=1.2 ;;
+	*) version=unknown ;;
+	esac
+	pcr7=none
+	if [ -e "$tpm/pcr-sha256/7" ]; then
+		if read -r pcr7 <"$tpm/pcr-sha256/7" && [ -n "$pcr7" ]; then
+			pcr7=$(echo "$pcr7" | tr A-F a-f)
+		else
+			echo "VMSHIM-GUEST-WARNING: cannot read $tpm/pcr-sha256/7"
+			pcr7=none
+		fi
+	fi
+	echo "VMSHIM-TPM version=$version pcr7=$pcr7"
 }
 
 # count_boots prints VMSHIM-DISK-BOOTS: how many boots the boot disk saw
@@ -443,6 +477,7 @@ wait_disks
 report_disks
 echo "VMSHIM-CMDLINE $(cat /proc/cmdline)"
 report_efi
+report_tpm
 count_boots
 arm_power_button
 [ ! -x /usr/sbin/qemu-ga ] || start_agent
