@@ -45,13 +45,16 @@ ROOTFS_NAME=cloud-rootfs # name of the cached rootfs tarballs and their lock
 # MTU, DNS servers and search list. dbus lets logind act on the ACPI power
 # button. util-linux's mount mounts 9p shares itself. python3-cffi-backend
 # provides the virtual package python3-cryptography needs, which debootstrap
-# does not resolve.
+# does not resolve. tpm2-tools is for the vTPM tests: they drive the guest's
+# TPM through /dev/tpmrm0 (its libtss2-esys depends on the device TCTI and
+# on tpm-udev, which gives the device nodes to group tss).
 PACKAGES=(
 	systemd-sysv udev kmod dbus
 	cloud-init python3-cffi-backend cloud-guest-utils e2fsprogs
 	openssh-server sudo
 	qemu-guest-agent
 	iproute2 ifupdown isc-dhcp-client netbase
+	tpm2-tools
 )
 
 # shellcheck source=lib.sh
