@@ -43,7 +43,7 @@ func knownAnnotation(k string) bool {
 		AnnotationUserData, AnnotationSSHAuthorizedKeys, AnnotationKernelCmdline, AnnotationNetworkConfig,
 		AnnotationRootDiskVolume, AnnotationRootDiskPolicy, AnnotationDiskURL, AnnotationDiskSHA256,
 		AnnotationFirmware, AnnotationGraphics, AnnotationNICModel, AnnotationOS, AnnotationCPUTopology, AnnotationMaxMemory,
-		AnnotationMachine, AnnotationMesh, AnnotationOnStop, AnnotationOnResumeError, AnnotationBalloon:
+		AnnotationMachine, AnnotationMesh, AnnotationOnStop, AnnotationOnResumeError, AnnotationBalloon, AnnotationTPM:
 		return true
 	}
 	return false

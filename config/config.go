@@ -56,6 +56,7 @@ const (
 type Config struct {
 	QEMUBinary    string `toml:"qemu_binary"`    // QEMU system emulator, a command name (looked up in PATH by the caller) or an absolute path
 	QEMUImg       string `toml:"qemu_img"`       // qemu-img, a command name or an absolute path
+	SWTPM         string `toml:"swtpm"`          // swtpm, which emulates a VM's TPM; a command name or an absolute path
 	RuncShim      string `toml:"runc_shim"`      // containerd's runc shim, which runs a VM pod's ordinary containers; a command name or an absolute path
 	Runc          string `toml:"runc"`           // the runc the runc shim runs them with; "" for its own default
 	Accel         string `toml:"accel"`          // auto, kvm or tcg
@@ -148,6 +149,9 @@ type Config struct {
 	// for its memory statistics, which the shim then reads as often: a
 	// Go duration of whole seconds, 1s to 1h, or 0 for never.
 	BalloonStatsInterval string `toml:"balloon_stats_interval"`
+	// TPM gives every VM a TPM unless vmshim.io/tpm says none: TPM20, or
+	// TPMNone (also when "") for none.
+	TPM string `toml:"tpm"`
 	// QEMUUser was the one user every QEMU ran as; each VM now has its
 	// own (Jail). Kept only to name it when a config still sets it.
 	QEMUUser string `toml:"qemu_user"`
@@ -167,6 +171,7 @@ func Default() Config {
 	return Config{
 		QEMUBinary:            "qemu-system-x86_64",
 		QEMUImg:               "qemu-img",
+		SWTPM:                 "swtpm",
 		RuncShim:              "containerd-shim-runc-v2",
 		Accel:                 AccelAuto,
 		DefaultVCPUs:          1,
@@ -282,7 +287,7 @@ func (c Config) validate() error {
 	add := func(key, format string, args ...any) {
 		problems = append(problems, key+": "+fmt.Sprintf(format, args...))
 	}
-	for key, v := range map[string]string{"qemu_binary": c.QEMUBinary, "qemu_img": c.QEMUImg, "runc_shim": c.RuncShim} {
+	for key, v := range map[string]string{"qemu_binary": c.QEMUBinary, "qemu_img": c.QEMUImg, "swtpm": c.SWTPM, "runc_shim": c.RuncShim} {
 		if msg := checkCommand(v); msg != "" {
 			add(key, "%s", msg)
 		}
@@ -294,6 +299,9 @@ func (c Config) validate() error {
 	}
 	if !oneOf(c.Accel, AccelAuto, AccelKVM, AccelTCG) {
 		add("accel", "%q is not one of auto, kvm, tcg", c.Accel)
+	}
+	if c.TPM != "" && !oneOf(c.TPM, TPM20, TPMNone) {
+		add("tpm", "%q is not one of %s, %s", c.TPM, TPM20, TPMNone)
 	}
 	if c.MaxVCPUs < 1 || c.MaxVCPUs > vcpuLimit {
 		add("max_vcpus", "%d is not in 1..%d", c.MaxVCPUs, vcpuLimit)

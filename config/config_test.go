@@ -26,7 +26,7 @@ func TestDefaultIsValid(t *testing.T) {
 		t.Fatalf("Default().Validate() = %v", err)
 	}
 	want := Config{
-		QEMUBinary: "qemu-system-x86_64", QEMUImg: "qemu-img", RuncShim: "containerd-shim-runc-v2", Accel: "auto",
+		QEMUBinary: "qemu-system-x86_64", QEMUImg: "qemu-img", SWTPM: "swtpm", RuncShim: "containerd-shim-runc-v2", Accel: "auto",
 		DefaultVCPUs: 1, DefaultMemory: "512Mi", MaxVCPUs: 16, MaxMemory: "16Gi", MemoryOverhead: "128Mi",
 		MaxDiskSize: "256Gi", DiskDriver: "virtio-blk", KernelCmdline: "console=ttyS0 no_timer_check",
 		Sandbox: true, BootTimeout: "60s",
@@ -61,6 +61,7 @@ func TestLoad(t *testing.T) {
 			name: "overrides",
 			body: `qemu_binary = "/usr/bin/qemu-system-x86_64"
 qemu_img = "/usr/bin/qemu-img"
+swtpm = "/usr/bin/swtpm"
 accel = "tcg"
 default_vcpus = 2
 default_memory = "1Gi"
@@ -91,10 +92,11 @@ on_resume_error = "boot"
 balloon = false
 balloon_stats_interval = "0"
 mem_merge = false
+tpm = "2.0"
 `,
 			want: func(c *Config) {
 				*c = Config{
-					QEMUBinary: "/usr/bin/qemu-system-x86_64", QEMUImg: "/usr/bin/qemu-img", RuncShim: "containerd-shim-runc-v2", Accel: "tcg",
+					QEMUBinary: "/usr/bin/qemu-system-x86_64", QEMUImg: "/usr/bin/qemu-img", SWTPM: "/usr/bin/swtpm", RuncShim: "containerd-shim-runc-v2", Accel: "tcg", TPM: "2.0",
 					DefaultVCPUs: 2, DefaultMemory: "1Gi", MaxVCPUs: 4, MaxMemory: "2Gi", MemoryOverhead: "256Mi",
 					MaxDiskSize: "20Gi", DiskDriver: "nvme", KernelCmdline: "console=ttyS0 quiet",
 					Sandbox: false, BootTimeout: "2m",

@@ -41,6 +41,15 @@ const (
 	// the guest's memory statistics) BalloonOn or BalloonOff, whatever
 	// the config's balloon says.
 	AnnotationBalloon = AnnotationPrefix + "balloon"
+	// AnnotationTPM gives the VM a TPM (TPM20, a TPM 2.0 that swtpm
+	// emulates), or none (TPMNone), whatever the config's tpm says.
+	AnnotationTPM = AnnotationPrefix + "tpm"
+)
+
+// TPM choices (AnnotationTPM, the config's tpm).
+const (
+	TPMNone = "none"
+	TPM20   = "2.0"
 )
 
 // Balloon choices (AnnotationBalloon).
@@ -131,7 +140,7 @@ const (
 
 // guestAnnotations are the parsed annotations of this file; "" is unset.
 type guestAnnotations struct {
-	firmware, graphics, nicModel, os, machine, mesh, onStop, onResumeError, balloon string
+	firmware, graphics, nicModel, os, machine, mesh, onStop, onResumeError, balloon, tpm string
 }
 
 // parseGuestAnnotations reads the annotations that fit the VM to its guest.
@@ -151,6 +160,7 @@ func parseGuestAnnotations(in map[string]string) (guestAnnotations, error) {
 		{AnnotationOnStop, &g.onStop, []string{OnStopPoweroff, OnStopSuspend}},
 		{AnnotationOnResumeError, &g.onResumeError, []string{OnResumeErrorRefuse, OnResumeErrorBoot}},
 		{AnnotationBalloon, &g.balloon, []string{BalloonOn, BalloonOff}},
+		{AnnotationTPM, &g.tpm, []string{TPM20, TPMNone}},
 	} {
 		v, ok := in[a.key]
 		if !ok {
@@ -192,6 +202,12 @@ func resolveMachine(vm *VM, ann annotations, in map[string]string) error {
 		return lacks("firmware", "annotation "+AnnotationFirmware)
 	case vm.VNC:
 		return lacks("display", "annotation "+AnnotationGraphics)
+	case vm.TPM != "":
+		source := "config tpm"
+		if ann.guest.tpm != "" {
+			source = "annotation " + AnnotationTPM
+		}
+		return lacks("TPM", source)
 	case vm.Windows:
 		return lacks("devices for Windows", "annotation "+AnnotationOS)
 	case vm.NICModel != "" && vm.NICModel != NICVirtio:

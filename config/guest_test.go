@@ -106,6 +106,8 @@ func TestResolveMachine(t *testing.T) {
 		{name: "disk driver", spec: diskSpec(with(AnnotationDiskDriver, "nvme")), wantErr: "microvm has no nvme disk controller, which annotation vmshim.io/disk-driver asks for"},
 		{name: "max memory", spec: limited(with(AnnotationMaxMemory, "2Gi")), wantErr: "microvm has no virtio-mem to resize guest RAM, which annotation vmshim.io/max-memory asks for"},
 		{name: "topology beyond", spec: limited(with(AnnotationCPUTopology, "sockets=1,cores=8,threads=1")), wantErr: "microvm has no vCPU hot-plug"},
+		{name: "tpm", spec: diskSpec(with(AnnotationTPM, "2.0")), wantErr: "annotation vmshim.io/machine: microvm has no TPM, which annotation vmshim.io/tpm asks for"},
+		{name: "tpm none", spec: diskSpec(with(AnnotationTPM, "none")), want: func(vm *VM) bool { return vm.TPM == "" }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			vm, err := Resolve(cfg, "c1", tc.spec)
@@ -119,5 +121,47 @@ func TestResolveMachine(t *testing.T) {
 				t.Fatalf("Resolve() = %+v, %v", vm, err)
 			}
 		})
+	}
+}
+
+// vmshim.io/tpm over the config's tpm: "2.0" gives a TPM 2.0, "none"
+// none, and anything else is refused in one line.
+func TestResolveTPM(t *testing.T) {
+	for _, tc := range []struct {
+		name, cfg string
+		ann       map[string]string
+		want      string
+		wantErr   string
+	}{
+		{name: "none by default", want: ""},
+		{name: "asked", ann: map[string]string{AnnotationTPM: "2.0"}, want: TPM20},
+		{name: "from the config", cfg: TPM20, want: TPM20},
+		{name: "config none", cfg: TPMNone, want: ""},
+		{name: "annotation none over the config", cfg: TPM20, ann: map[string]string{AnnotationTPM: "none"}, want: ""},
+		{name: "annotation over config none", cfg: TPMNone, ann: map[string]string{AnnotationTPM: "2.0"}, want: TPM20},
+		{name: "1.2", ann: map[string]string{AnnotationTPM: "1.2"}, wantErr: `annotation vmshim.io/tpm: "1.2" is not one of 2.0, none`},
+		{name: "empty", ann: map[string]string{AnnotationTPM: ""}, wantErr: `annotation vmshim.io/tpm: "" is not one of 2.0, none`},
+		{name: "microvm from the config", cfg: TPM20, ann: map[string]string{AnnotationMachine: "microvm"},
+			wantErr: "annotation vmshim.io/machine: microvm has no TPM, which config tpm asks for"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Default()
+			cfg.TPM = tc.cfg
+			vm, err := Resolve(cfg, "c1", diskSpec(tc.ann))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errdefs.IsInvalidArgument(err) {
+					t.Fatalf("Resolve() = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || vm.TPM != tc.want {
+				t.Fatalf("Resolve() = TPM %q, %v; want %q", vm.TPM, err, tc.want)
+			}
+		})
+	}
+	cfg := Default()
+	cfg.TPM = "1.2"
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `tpm: "1.2" is not one of 2.0, none`) {
+		t.Errorf("config tpm 1.2: %v", err)
 	}
 }

@@ -37,8 +37,11 @@ type VM struct {
 	VNC      bool   // vmshim.io/graphics vnc
 	NICModel string // NICVirtio (also when ""), NICE1000, NICE1000E or NICRTL8139
 	Windows  bool   // vmshim.io/os windows
-	Machine  string // vmshim.io/machine: MachineMicroVM, or "" (or MachineQ35) for q35
-	Mesh     string // vmshim.io/mesh, else the config's mesh: MeshRefuse or MeshBypass
+	// TPM is TPM20 for a VM with a TPM 2.0 (vmshim.io/tpm, else the
+	// config's tpm), "" for none.
+	TPM     string
+	Machine string // vmshim.io/machine: MachineMicroVM, or "" (or MachineQ35) for q35
+	Mesh    string // vmshim.io/mesh, else the config's mesh: MeshRefuse or MeshBypass
 	// Suspend saves the VM onto its root-disk volume at a stop, instead
 	// of the power button: vmshim.io/on-stop suspend, or the config's
 	// on_stop for a VM with a root-disk volume.
@@ -115,7 +118,7 @@ func Resolve(cfg Config, id string, spec *specs.Spec) (*VM, error) {
 	if err := resolveBalloon(cfg, ann, vm); err != nil {
 		return nil, err
 	}
-	resolveGuest(vm, ann)
+	resolveGuest(cfg, vm, ann)
 	vm.Mesh = cfg.Mesh
 	if ann.guest.mesh != "" {
 		vm.Mesh = ann.guest.mesh
@@ -214,9 +217,12 @@ func resolveMemory(cfg Config, ann annotations, spec *specs.Spec) (int64, error)
 // resolveGuest applies the annotations that fit the VM to its guest. A
 // Windows guest gets what its installer has drivers for, e1000e and SATA,
 // unless the annotations say otherwise.
-func resolveGuest(vm *VM, ann annotations) {
+func resolveGuest(cfg Config, vm *VM, ann annotations) {
 	g := ann.guest
 	vm.Firmware, vm.VNC = g.firmware, g.graphics == GraphicsVNC
+	if tpm := cmp.Or(g.tpm, cfg.TPM); tpm != TPMNone {
+		vm.TPM = tpm
+	}
 	if g.os == OSWindows {
 		vm.Windows, vm.NICModel = true, NICE1000E
 		if ann.diskDriver == "" {
