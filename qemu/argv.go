@@ -16,6 +16,10 @@ const (
 	QMPChardev = "qmp"
 	// SCSIController is the id of the virtio-scsi controller.
 	SCSIController = "scsi0"
+	// TPMChardev is the chardev id of the TPM emulator's control channel.
+	TPMChardev = "tpm0-ctrl"
+	// TPMDevice is the id of the TPM backend.
+	TPMDevice = "tpm0"
 	// AgentChardev is the chardev id of the guest agent channel.
 	AgentChardev = "agent"
 	// AgentPortName is the virtio-serial port name qemu-guest-agent opens.
@@ -137,6 +141,17 @@ func BuildArgs(s Spec) ([]string, error) {
 			"-device", s.virtioDevice("virtio-serial-pci")+",id="+SerialController,
 			"-chardev", listenChardev(AgentChardev, s.AgentSocket, s.AgentFD),
 			"-device", "virtserialport,bus="+SerialController+".0,id="+AgentPortID+",chardev="+AgentChardev+",name="+AgentPortName,
+		)
+	}
+	// A TPM 2.0 on the CRB interface (what Windows 11 and Linux's
+	// tpm_crb expect on q35), emulated by swtpm: QEMU sends the TPM's
+	// commands, and gets and sets its state for a migration, over the
+	// control channel, on which it also hands swtpm a data socket.
+	if s.TPMFD != 0 {
+		args = append(args,
+			"-chardev", fmt.Sprintf("socket,id=%s,fd=%d", TPMChardev, s.TPMFD),
+			"-tpmdev", "emulator,id="+TPMDevice+",chardev="+TPMChardev,
+			"-device", "tpm-crb,tpmdev="+TPMDevice,
 		)
 	}
 	// A guest panic reported through pvpanic makes QEMU exit non-zero.

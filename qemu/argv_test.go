@@ -253,6 +253,16 @@ func TestBuildArgs(t *testing.T) {
 			},
 		},
 		{
+			name:   "tpm",
+			modify: func(s *Spec) { s.TPMFD = 5 },
+			tail: []string{
+				"-chardev", "socket,id=tpm0-ctrl,fd=5",
+				"-tpmdev", "emulator,id=tpm0,chardev=tpm0-ctrl",
+				"-device", "tpm-crb,tpmdev=tpm0",
+				"-device", "pvpanic", "-action", "panic=exit-failure",
+			},
+		},
+		{
 			name:   "console, sandbox, paused",
 			modify: func(s *Spec) { s.ConsoleFD = 3; s.Sandbox = true; s.Paused = true },
 		},

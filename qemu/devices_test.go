@@ -105,6 +105,27 @@ func TestBuildArgsGuestsWithoutVirtio(t *testing.T) {
 			modify: func(s *Spec) { s.Windows, s.Accel = true, AccelKVM },
 			want:   [][]string{{"-cpu", "host,hv-relaxed,hv-vapic,hv-spinlocks=0x1fff,hv-vpindex,hv-runtime,hv-time,hv-synic,hv-stimer,hv-frequencies"}},
 		},
+		{
+			// What docs/images.md's Windows 11 example asks for.
+			name: "windows 11",
+			modify: func(s *Spec) {
+				s.Windows, s.VNC, s.TPMFD = true, true, 5
+				s.CPUs, s.MemoryMiB = 2, 4096
+				s.Firmware = &Firmware{Code: "/dev/fdset/0", Vars: "/dev/fdset/1", SecureBoot: true}
+				s.Drives = []Drive{raw("root", DriverSATA)}
+				s.NICs = []NIC{{ID: "eth0", TapFD: 3, MAC: "02:00:00:00:00:01", Model: NICE1000E}}
+			},
+			want: [][]string{
+				{"-display", "none", "-vnc", "none", "-device", "VGA,id=video0"},
+				{"-machine", "q35,smbus=off,smm=on,pflash0=fw-code,pflash1=fw-vars"},
+				{"-cpu", "max,hv-relaxed,hv-vapic,hv-spinlocks=0x1fff"},
+				{"-rtc", "base=localtime"},
+				{"-global", "driver=cfi.pflash01,property=secure,value=on"},
+				{"-chardev", "socket,id=tpm0-ctrl,fd=5", "-tpmdev", "emulator,id=tpm0,chardev=tpm0-ctrl", "-device", "tpm-crb,tpmdev=tpm0"},
+				{"-device", "ide-hd,bus=sata0.0,id=dev-root,drive=disk-root"},
+				{"-device", "e1000e,id=nic-eth0,netdev=net-eth0,mac=02:00:00:00:00:01,romfile="},
+			},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -92,6 +92,8 @@ func (s Spec) validateMachine() error {
 		return lacks("firmware")
 	case s.VNC:
 		return lacks("display")
+	case s.TPMFD != 0:
+		return lacks("TPM")
 	case s.Windows:
 		return lacks("devices for Windows")
 	case len(s.VFIO) > 0:

@@ -64,6 +64,7 @@ func TestValidateMicroVM(t *testing.T) {
 		{"disk boot", func(s *Spec) { s.Kernel, s.Initrd, s.Append = "", "", "" }, "microvm boots a kernel directly, and this VM boots a disk"},
 		{"screen", func(s *Spec) { s.VNC = true }, "microvm has no display"},
 		{"windows", func(s *Spec) { s.Windows = true }, "microvm has no devices for Windows"},
+		{"tpm", func(s *Spec) { s.TPMFD = 5 }, "microvm has no TPM"},
 		{"host device", func(s *Spec) { s.VFIO = []string{"0000:01:00.0"} }, "microvm has no PCI bus for passed-through host devices"},
 		{"memory resize", func(s *Spec) { s.ResizeMiB = 1024 }, "microvm has no virtio-mem"},
 		{"vcpu hot-plug", func(s *Spec) { s.MaxCPUs = 4 }, "microvm has no vCPU hot-plug"},

@@ -132,6 +132,7 @@ type Spec struct {
 	QMPSocket   string // unix socket path the shim dials for QMP
 	QMPFD       int    // fd number (as QEMU sees it) of the QMP socket, listening; 0 = QEMU listens on QMPSocket itself
 	ConsoleFD   int    // fd number (as QEMU sees it) of a connected unix stream socket for the first serial port; 0 = no console
+	TPMFD       int    // fd number of a connected unix stream socket to the control channel of the VM's TPM emulator (swtpm); 0 = no TPM
 	Sandbox     bool   // -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny
 	Paused      bool   // -S: start with vCPUs stopped (containerd create → start)
 	Incoming    bool   // -incoming defer: the VM's state is loaded (Client.LoadState), not booted
@@ -209,7 +210,7 @@ func (s Spec) Validate() error {
 	if s.AgentSocket != "" && s.AgentSocket == s.QMPSocket {
 		return invalid("agent socket", "%q is also the qmp socket", s.AgentSocket)
 	}
-	for field, fd := range map[string]int{"console fd": s.ConsoleFD, "qmp fd": s.QMPFD, "agent fd": s.AgentFD} {
+	for field, fd := range map[string]int{"console fd": s.ConsoleFD, "qmp fd": s.QMPFD, "agent fd": s.AgentFD, "tpm fd": s.TPMFD} {
 		if fd != 0 && fd < 3 {
 			return invalid(field, "%d is a standard stream, want 0 (none) or >= 3", fd)
 		}
