@@ -139,3 +139,31 @@ func TestVarsOnDirectory(t *testing.T) {
 		t.Fatal("a symlinked store was opened")
 	}
 }
+
+// TestKeptOnDirectory: a file kept with the root disk (a TPM's state) is
+// made empty on the first boot, 0600, and the same file is opened after
+// that, with what the VM wrote.
+func TestKeptOnDirectory(t *testing.T) {
+	dir := t.TempDir()
+	f, err := KeptOnDirectory(dir, "/data", "kept")
+	must(t, err)
+	fi, err := f.Stat()
+	must(t, err)
+	if fi.Size() != 0 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("new file: %d bytes, mode %v; want empty, 0600", fi.Size(), fi.Mode())
+	}
+	if _, err := f.WriteAt([]byte("state"), 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	f, err = KeptOnDirectory(dir, "/data", "kept")
+	must(t, err)
+	defer f.Close()
+	b := make([]byte, 5)
+	if _, err := f.ReadAt(b, 0); err != nil || string(b) != "state" {
+		t.Fatalf("kept file holds %q (%v)", b, err)
+	}
+	if _, err := KeptOnDirectory(filepath.Join(dir, "missing"), "/data", "kept"); err == nil || !strings.HasPrefix(err.Error(), "root disk volume /data: ") {
+		t.Fatalf("a missing volume: %v", err)
+	}
+}

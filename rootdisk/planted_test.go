@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmshim/vmshim/regfile/regfiletest"
+	"github.com/vmshim/vmshim/tpm"
 )
 
 // plants are what another pod sharing the volume may leave at a name.
@@ -42,7 +43,7 @@ func TestPlantedNames(t *testing.T) {
 	img := rawImage(t, "p", 1<<20)
 	template := filepath.Join(t.TempDir(), "vars.fd")
 	must(t, os.WriteFile(template, make([]byte, 4096), 0o644))
-	for _, name := range []string{LockName, DiskName, MetaName, VarsName} {
+	for _, name := range []string{LockName, DiskName, MetaName, VarsName, tpm.StateName} {
 		for _, p := range plants {
 			t.Run(name+"/"+p.kind, func(t *testing.T) {
 				dir := t.TempDir()
@@ -55,7 +56,13 @@ func TestPlantedNames(t *testing.T) {
 				p.plant(t, filepath.Join(dir, name))
 				opens := regfiletest.WatchOpens(t, dir)
 				var err error
-				if name == VarsName {
+				switch name {
+				case tpm.StateName:
+					var f *os.File
+					if f, err = KeptOnDirectory(dir, "/data", name); err == nil {
+						f.Close()
+					}
+				case VarsName:
 					tf, terr := os.Open(template)
 					must(t, terr)
 					defer tf.Close()
@@ -63,7 +70,7 @@ func TestPlantedNames(t *testing.T) {
 					if f, err = VarsOnDirectory(dir, "/data", tf); err == nil {
 						f.Close()
 					}
-				} else {
+				default:
 					var d *Disk
 					if d, err = OnDirectory(ctx, dir, "/data", img, Options{Img: q}); err == nil {
 						d.File.Close()

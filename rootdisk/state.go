@@ -44,6 +44,7 @@ type StateInfo struct {
 	MemoryMiB int       `json:"memory_mib"`    // guest RAM outside virtio-mem
 	ResizeMiB int       `json:"resize_mib"`    // the virtio-mem region
 	Balloon   bool      `json:"balloon"`       // a virtio-balloon device
+	TPM       bool      `json:"tpm,omitempty"` // a TPM, whose state the stream holds
 	MACs      []string  `json:"macs"`          // the guest NICs', in order
 	Saved     time.Time `json:"saved"`
 	// Stream is the length of QEMU's stream after the header block: a

@@ -69,3 +69,19 @@ func VarsOnDirectory(dir, name string, template *os.File) (_ *os.File, retErr er
 	}
 	return f, nil
 }
+
+// KeptOnDirectory returns the file name kept in dir, a filesystem
+// volume's host directory (volName is the volume as the container sees
+// it), open read-write, made empty when there is none: a VM's own file
+// kept with its root disk, such as its TPM's state. What is at the name
+// is opened only if it is a regular file with one link, beneath dir, and
+// left as it is otherwise. Call it once the volume's root disk is
+// claimed.
+func KeptOnDirectory(dir, volName, name string) (*os.File, error) {
+	d, err := os.OpenFile(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("root disk volume %s: %w", volName, err)
+	}
+	defer d.Close()
+	return volume{dir: d, name: volName}.openOrCreate(name)
+}
