@@ -62,6 +62,7 @@ type build struct {
 	vnc      *vncServer           // with vmshim.io/graphics vnc
 	layout   topology.Layout      // the vCPUs on the container's cpuset, if it has one
 	saved    *rootdisk.SavedState // the state a suspend left on that volume, to resume
+	tpmState string               // where the TPM's state is, for errors; "" without a TPM
 
 	qs    qemu.Spec
 	fds   qemu.FDSet

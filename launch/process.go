@@ -77,6 +77,10 @@ func (c *build) qemu(ctx context.Context) (err error) {
 	})
 	if err != nil {
 		stderr.Close()
+		if c.tpmState != "" && strings.Contains(err.Error(), "tpm-emulator") {
+			// QEMU names neither swtpm's state nor where it is.
+			return fmt.Errorf("start vm %s, its TPM's state in %s: %w", c.r.ID, c.tpmState, err)
+		}
 		return fmt.Errorf("start vm %s: %w", c.r.ID, err)
 	}
 	pidStart, _ := processStart(vm.Pid())

@@ -34,6 +34,7 @@ const (
 	jailDescribed product = "jail"         // c.j: the jail, shares and device nodes in it
 	kernelBound   product = "kernel"       // c.qs.Kernel and Initrd, in the jail
 	sized         product = "size"         // vCPUs, guest RAM, NUMA, the balloon; kernel arguments they need
+	tpmRunning    product = "tpm"          // c.qs.TPMFD: swtpm runs, for a VM with a TPM
 	qemuRunning   product = "qemu"         // c.vm: QEMU, paused
 	resizerReady  product = "resizer"      // c.vm.resize, vCPUs pinned
 )
@@ -61,6 +62,9 @@ var steps = []step{
 	{"jail", []product{recorded, accelChosen, sharesListed, devicesOpen}, []product{jailDescribed}, (*build).jail},
 	{"kernel", []product{rootfsFound, jailDescribed}, []product{kernelBound}, (*build).kernel},
 	{"resources", []product{kernelBound, rootDiskMade, accelChosen, sharesListed, devicesOpen}, []product{sized}, (*build).resources},
-	{"qemu", []product{cgrouped, nicsWired, seedWritten, firmwareOpen, jailDescribed, sized}, []product{qemuRunning}, (*build).qemu},
+	// swtpm keeps its state with the root disk, and runs as the VM's
+	// jail id, in its cgroup and network namespace.
+	{"tpm", []product{cgrouped, rootfsFound, netnsReady, rootDiskMade, jailDescribed}, []product{tpmRunning}, (*build).tpm},
+	{"qemu", []product{cgrouped, nicsWired, seedWritten, firmwareOpen, jailDescribed, sized, tpmRunning}, []product{qemuRunning}, (*build).qemu},
 	{"pin vcpus", []product{qemuRunning, sized}, []product{resizerReady}, (*build).newResizer},
 }

@@ -42,6 +42,7 @@ func stateShape(qs *qemu.Spec) rootdisk.StateInfo {
 		MemoryMiB: qs.MemoryMiB,
 		ResizeMiB: qs.ResizeMiB,
 		Balloon:   qs.Balloon,
+		TPM:       qs.TPMFD != 0,
 	}
 	if info.Machine == "" {
 		info.Machine = config.MachineQ35
@@ -91,6 +92,9 @@ func stateDiffers(saved, now rootdisk.StateInfo) string {
 	if saved.Balloon != now.Balloon {
 		d = append(d, fmt.Sprintf("%s, not %s", balloonName(now.Balloon), balloonName(saved.Balloon)))
 	}
+	if saved.TPM != now.TPM {
+		d = append(d, fmt.Sprintf("%s, not %s", tpmName(now.TPM), tpmName(saved.TPM)))
+	}
 	if len(saved.MACs) != len(now.MACs) {
 		d = append(d, fmt.Sprintf("%d NICs, not %d", len(now.MACs), len(saved.MACs)))
 	}
@@ -103,6 +107,14 @@ func balloonName(has bool) string {
 		return "a balloon"
 	}
 	return "no balloon"
+}
+
+// tpmName says whether a VM has a TPM, for stateDiffers.
+func tpmName(has bool) string {
+	if has {
+		return "a TPM"
+	}
+	return "no TPM"
 }
 
 // errSaved is a save of a VM saved already, which ends.

@@ -43,6 +43,7 @@ func TestStateDiffers(t *testing.T) {
 		{"machine", func(s *qemu.Spec) { s.Machine = config.MachineMicroVM }, "machine microvm, not q35"},
 		{"nics", func(s *qemu.Spec) { s.NICs = nil }, "0 NICs, not 1"},
 		{"no balloon", func(s *qemu.Spec) { s.Balloon = false }, "no balloon, not a balloon"},
+		{"a tpm", func(s *qemu.Spec) { s.TPMFD = 9 }, "a TPM, not no TPM"},
 		{"two", func(s *qemu.Spec) { s.CPUs, s.MemoryMiB = 2, 256 }, "2 vCPUs, not 1, 256 MiB of guest RAM, not 512"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
