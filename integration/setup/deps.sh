@@ -24,6 +24,7 @@ PACKAGES=(
 	debootstrap e2fsprogs debian-archive-keyring  # cloud test guest: Debian root fs, ext4 image without mounts
 	containernetworking-plugins iproute2 iptables     # CNI for pod networking
 	runc                               # the runc pods `make bench` compares with
+	swtpm                              # the VMs' TPMs (vmshim.io/tpm)
 	util-linux procps kmod
 	gcc libc6-dev                      # cgo, for the unit tests under -race
 	python3-yaml                       # FuzzCloudInit reads its documents back with PyYAML, as cloud-init does
