@@ -133,25 +133,13 @@ func TestTPM(t *testing.T) {
 	}
 }
 
-// swtpmsAs lists the swtpm processes whose real uid is uid.
+// swtpmsAs lists the live swtpm processes that run as the VM's id.
 func swtpmsAs(t *testing.T, uid string) []int {
 	t.Helper()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
-		if err != nil || strings.TrimSpace(string(comm)) != "swtpm" {
-			continue
-		}
-		var st syscall.Stat_t
-		if syscall.Stat(filepath.Join("/proc", e.Name()), &st) == nil && strconv.Itoa(int(st.Uid)) == uid {
+	for _, pid := range secIDProcesses(t, uid) {
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err == nil && strings.TrimSpace(string(comm)) == "swtpm" {
 			pids = append(pids, pid)
 		}
 	}
