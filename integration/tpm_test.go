@@ -29,7 +29,7 @@ const (
 // and a seccomp filter, in the VM's cgroup and network namespace and in a
 // mount namespace of its own, and its argv names no host path. When QEMU
 // is killed swtpm ends with it, and after the delete the VM's id is given
-// back. A microvm,
+// back; when the shim is killed, swtpm goes with the rest. A microvm,
 // which has no TPM, is refused in one line, and so is an ELF kernel
 // booted with an initrd, which QEMU would load over the TPM's ACPI
 // tables.
@@ -121,6 +121,25 @@ func TestTPM(t *testing.T) {
 	if vm != nil {
 		assertNothingLeftCRI(t, vm.id)
 	}
+
+	// The shim killed: the delete action containerd runs ends QEMU, and
+	// swtpm with it.
+	p, vm, err = vmPodOn(ctx, t, c, runtimeHandler, "tpm-shim-killed", imageDiskWait, map[string]string{annotationTPM: "2.0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm.waitLog(ctx, t, "VMSHIM-TPM ")
+	qemuPid, _ = secQEMU(t, vm.id)
+	uid = strings.Fields(secStatus(t, qemuPid)["Uid"])[0]
+	if n := len(swtpmsAs(t, uid)); n != 1 {
+		t.Fatalf("%d swtpm processes run as the VM's id %s, want one", n, uid)
+	}
+	killPodShim(t, p)
+	vm.waitExited(ctx, t)
+	waitGone(ctx, t, "swtpm of "+vm.id, func() bool { return len(swtpmsAs(t, uid)) == 0 })
+	p.remove(t)
+	assertNoIDClaims(t, criNamespace+"/"+vm.id)
+	assertNothingLeftCRI(t, vm.id)
 
 	p, vm, err = vmPodOn(ctx, t, c, runtimeHandler, "tpm-pvh", imageKernelWait, map[string]string{annotationTPM: "2.0"})
 	if err == nil || !strings.Contains(err.Error(), "annotation vmshim.io/tpm: the image's kernel is an ELF vmlinux booted with an initrd") || strings.Contains(err.Error(), "\n") {
