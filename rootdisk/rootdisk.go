@@ -70,12 +70,11 @@ type Disk struct {
 // filesystem volume's host directory; name is the volume as the container
 // sees it, for messages.
 func OnDirectory(ctx context.Context, dir, name string, img Image, o Options) (_ *Disk, retErr error) {
-	d, err := os.OpenFile(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	v, err := openVolume(dir, name)
 	if err != nil {
-		return nil, fmt.Errorf("root disk volume %s: %w", name, err)
+		return nil, err
 	}
-	defer d.Close()
-	v := volume{dir: d, name: name}
+	defer v.dir.Close()
 	unlock, err := v.lock(ctx)
 	if err != nil {
 		return nil, err
@@ -126,6 +125,17 @@ func OnDirectory(ctx context.Context, dir, name string, img Image, o Options) (_
 type volume struct {
 	dir  *os.File
 	name string
+}
+
+// openVolume opens the filesystem volume in dir, a host directory; name
+// is the volume as the container sees it, for messages. The caller
+// closes v.dir.
+func openVolume(dir, name string) (volume, error) {
+	d, err := os.OpenFile(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return volume{}, fmt.Errorf("root disk volume %s: %w", name, err)
+	}
+	return volume{dir: d, name: name}, nil
 }
 
 // lock takes LockName, waiting while another shim sets a disk up here.

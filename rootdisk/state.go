@@ -116,12 +116,12 @@ func stateHeader(info StateInfo) ([]byte, error) {
 // stateVolume opens the filesystem volume in dir for its state, and
 // removes a state a crash cut short: it is never resumed.
 func stateVolume(dir, name string) (volume, error) {
-	d, err := os.OpenFile(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	v, err := openVolume(dir, name)
 	if err != nil {
-		return volume{}, fmt.Errorf("root disk volume %s: %w", name, err)
+		return volume{}, err
 	}
-	_ = unix.Unlinkat(int(d.Fd()), stateTemp, 0)
-	return volume{dir: d, name: name}, nil
+	_ = unix.Unlinkat(int(v.dir.Fd()), stateTemp, 0)
+	return v, nil
 }
 
 // SavingState is a state being written on a volume, or into a
@@ -145,13 +145,13 @@ func CreateState(dir, name string) (*SavingState, error) {
 // volume in dir: the state goes with that disk as the save leaves it,
 // as one on the volume does. OpenState(into, …) opens it.
 func CreateCheckpoint(into, dir, name string) (_ *SavingState, retErr error) {
-	d, err := os.OpenFile(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	v, err := openVolume(dir, name)
 	if err != nil {
-		return nil, fmt.Errorf("root disk volume %s: %w", name, err)
+		return nil, err
 	}
-	s, err := createState(into, &volume{dir: d, name: name}, name)
+	s, err := createState(into, &v, name)
 	if err != nil {
-		d.Close()
+		v.dir.Close()
 	}
 	return s, err
 }

@@ -20,12 +20,11 @@ const VarsName = "vmshim-efivars.fd"
 // A store whose size is not the template's is not one of this firmware's
 // and is refused. Call it once the volume's root disk is claimed.
 func VarsOnDirectory(dir, name string, template *os.File) (_ *os.File, retErr error) {
-	d, err := os.OpenFile(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	v, err := openVolume(dir, name)
 	if err != nil {
-		return nil, fmt.Errorf("root disk volume %s: %w", name, err)
+		return nil, err
 	}
-	defer d.Close()
-	v := volume{dir: d, name: name}
+	defer v.dir.Close()
 	st, err := template.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("uefi variables template: %w", err)
@@ -48,14 +47,14 @@ func VarsOnDirectory(dir, name string, template *os.File) (_ *os.File, retErr er
 		return nil, err
 	}
 	const temp = VarsName + ".part"
-	_ = unix.Unlinkat(int(d.Fd()), temp, 0)
+	_ = unix.Unlinkat(int(v.dir.Fd()), temp, 0)
 	if f, err = v.open(temp, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL); err != nil {
 		return nil, err
 	}
 	defer func() {
 		if retErr != nil {
 			f.Close()
-			_ = unix.Unlinkat(int(d.Fd()), temp, 0)
+			_ = unix.Unlinkat(int(v.dir.Fd()), temp, 0)
 		}
 	}()
 	if _, err := io.Copy(f, io.NewSectionReader(template, 0, st.Size())); err != nil {
@@ -64,7 +63,7 @@ func VarsOnDirectory(dir, name string, template *os.File) (_ *os.File, retErr er
 	if err := f.Sync(); err != nil {
 		return nil, err
 	}
-	if err := unix.Renameat(int(d.Fd()), temp, int(d.Fd()), VarsName); err != nil {
+	if err := unix.Renameat(int(v.dir.Fd()), temp, int(v.dir.Fd()), VarsName); err != nil {
 		return nil, fmt.Errorf("root disk volume %s: %w", name, err)
 	}
 	return f, nil
@@ -78,10 +77,10 @@ func VarsOnDirectory(dir, name string, template *os.File) (_ *os.File, retErr er
 // left as it is otherwise. Call it once the volume's root disk is
 // claimed.
 func KeptOnDirectory(dir, volName, name string) (*os.File, error) {
-	d, err := os.OpenFile(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	v, err := openVolume(dir, volName)
 	if err != nil {
-		return nil, fmt.Errorf("root disk volume %s: %w", volName, err)
+		return nil, err
 	}
-	defer d.Close()
-	return volume{dir: d, name: volName}.openOrCreate(name)
+	defer v.dir.Close()
+	return v.openOrCreate(name)
 }
