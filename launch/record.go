@@ -22,17 +22,17 @@ const recordFile = "vmshim.json"
 type Record struct {
 	ID          string `json:"id"`
 	Bundle      string `json:"bundle"`
-	RuntimeDir  string `json:"runtime_dir,omitempty"` // QMP socket and other runtime files
-	Rootfs      string `json:"rootfs,omitempty"`      // set while the shim holds the rootfs mounted
-	VMFiles     string `json:"vm_files,omitempty"`    // the rootfs in which the shim made the VM's files directory (image.FilesDirName)
-	JailOwner   string `json:"jail_owner,omitempty"`  // the owner of the jail id claim: namespace/id
-	JailID      uint32 `json:"jail_id,omitempty"`     // the VM's claimed jail uid and gid
-	Pod         string `json:"pod,omitempty"`         // the bundle of the pod sandbox whose VM this task may be (podState)
-	Pid         int    `json:"pid,omitempty"`         // the task's process: QEMU, or a sandbox's pause process
-	PidStart    uint64 `json:"pid_start,omitempty"`   // its start time in clock ticks, guards against pid reuse
-	TPMPid      int    `json:"tpm_pid,omitempty"`     // the VM's swtpm
-	TPMPidStart uint64 `json:"tpm_pid_start,omitempty"`
-	Cgroup      string `json:"cgroup,omitempty"` // the cgroup the task's process runs in (OCI cgroupsPath)
+	RuntimeDir  string `json:"runtime_dir,omitempty"`   // QMP socket and other runtime files
+	Rootfs      string `json:"rootfs,omitempty"`        // set while the shim holds the rootfs mounted
+	VMFiles     string `json:"vm_files,omitempty"`      // the rootfs in which the shim made the VM's files directory (image.FilesDirName)
+	JailOwner   string `json:"jail_owner,omitempty"`    // the owner of the jail id claim: namespace/id
+	JailID      uint32 `json:"jail_id,omitempty"`       // the VM's claimed jail uid and gid
+	Pod         string `json:"pod,omitempty"`           // the bundle of the pod sandbox whose VM this task may be (podState)
+	Pid         int    `json:"pid,omitempty"`           // the task's process: QEMU, or a sandbox's pause process
+	PidStart    uint64 `json:"pid_start,omitempty"`     // its start time in clock ticks, guards against pid reuse
+	TPMPid      int    `json:"tpm_pid,omitempty"`       // the VM's swtpm
+	TPMPidStart uint64 `json:"tpm_pid_start,omitempty"` // its start time, as PidStart
+	Cgroup      string `json:"cgroup,omitempty"`        // the cgroup the task's process runs in (OCI cgroupsPath)
 
 	Network *network.State `json:"network,omitempty"` // what the pod netns looked like before it was wired
 

@@ -27,7 +27,7 @@ const tpmStateTarget = jail.VMDir + "/" + tpm.StateName
 // a path the other controls; swtpm ends when QEMU closes its end. The
 // state file is checked, then bound into swtpm's jail: swtpm never opens
 // a host path.
-func (c *build) tpm(context.Context) (retErr error) {
+func (c *build) tpm(context.Context) error {
 	if c.desc.TPM == "" {
 		return nil
 	}
