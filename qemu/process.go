@@ -49,6 +49,11 @@ type LaunchConfig struct {
 	// begin is over: "qemu exec" (the process started), "qmp greeting"
 	// (its QMP monitor answered), "qmp setup" (the first queries made).
 	Span func(phase string, begin time.Time)
+	// GuestReset, when set, is called from QMP's event reader for each
+	// reset the guest itself caused (QMP RESET with guest true): a
+	// reboot, or a triple fault, which QEMU turns into a reset. It must
+	// not block.
+	GuestReset func(reason string)
 }
 
 // States of the guest's end of the agent port, as VM.agentPort holds them.
@@ -72,6 +77,8 @@ type VM struct {
 	io ioState // whether a disk error holds the VM paused
 
 	ports portTable // the serial ports AddSerialPort added
+
+	guestReset func(reason string) // LaunchConfig.GuestReset; nil ignores resets
 
 	vncClients atomic.Int64 // names the fds AddVNCClient passes
 
@@ -120,7 +127,7 @@ func Launch(ctx context.Context, cfg LaunchConfig) (_ *VM, retErr error) {
 		}
 		return nil, fmt.Errorf("start qemu %s: %w", cfg.Binary, err)
 	}
-	v := &VM{cmd: cmd, done: make(chan struct{})}
+	v := &VM{cmd: cmd, done: make(chan struct{}), guestReset: cfg.GuestReset}
 	if cfg.Spec.AgentSocket != "" {
 		v.agent = NewAgent(cfg.Spec.AgentSocket, v.agentOpen)
 	}
@@ -206,10 +213,25 @@ func (v *VM) follow(logger *log.Entry, events <-chan Event) {
 			v.io.ioEvent(ev)
 		case "RESUME":
 			v.io.ioEvent(ev)
+		case "RESET":
+			v.resetEvent(ev)
 		}
 	}
 	v.agentPort.Store(agentPortClosed)
 	v.ports.end()
+}
+
+// resetEvent tells guestReset of a RESET event the guest caused; resets
+// asked through QMP (system_reset, a loaded snapshot) are not the guest's.
+func (v *VM) resetEvent(ev Event) {
+	var data struct {
+		Guest  bool   `json:"guest"`
+		Reason string `json:"reason"`
+	}
+	if v.guestReset == nil || json.Unmarshal(ev.Data, &data) != nil || !data.Guest {
+		return
+	}
+	v.guestReset(data.Reason)
 }
 
 // agentPortEvent records the agent port's state from a VSERPORT_CHANGE

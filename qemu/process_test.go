@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -573,4 +574,24 @@ func TestLaunchListeningFDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitDone(t, v)
+}
+
+// TestResetEvent passes on the resets the guest caused, and only those.
+func TestResetEvent(t *testing.T) {
+	var got []string
+	v := &VM{guestReset: func(reason string) { got = append(got, reason) }}
+	for _, data := range []string{
+		`{"guest": true, "reason": "guest-reset"}`,
+		`{"guest": false, "reason": "host-qmp-system-reset"}`,
+		`{"guest": true, "reason": "guest-panic"}`,
+		`{"reason": "snapshot-load"}`,
+		`not json`,
+		``,
+	} {
+		v.resetEvent(Event{Name: "RESET", Data: json.RawMessage(data)})
+	}
+	if want := []string{"guest-reset", "guest-panic"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("resets told: %q, want %q", got, want)
+	}
+	(&VM{}).resetEvent(Event{Name: "RESET", Data: json.RawMessage(`{"guest": true}`)}) // no callback: ignored
 }
