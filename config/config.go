@@ -78,6 +78,16 @@ type Config struct {
 	KernelCmdline  string `toml:"kernel_cmdline"` // base command line for direct kernel boot
 	Sandbox        bool   `toml:"sandbox"`        // run QEMU with -sandbox on
 	BootTimeout    string `toml:"boot_timeout"`   // Go duration from QEMU start to QMP ready
+	// BootSlots paces the node's guest boots: at most this many VMs,
+	// across all shims, run their early boot at once, and the rest wait
+	// for a slot with their vCPUs stopped (see package bootslot). 0 sizes
+	// it to the host's online CPUs under TCG and turns pacing off under
+	// KVM; -1 turns it off.
+	BootSlots int `toml:"boot_slots"`
+	// BootSlotHold bounds how long a booting VM holds its slot (a Go
+	// duration): it gives it back sooner once its kernel's clock passed
+	// its early boot, or when it ends.
+	BootSlotHold string `toml:"boot_slot_hold"`
 	// CNINetwork is the CNI network that tasks asking for a new network
 	// namespace without a path are attached to; "" attaches none.
 	CNINetwork string   `toml:"cni_network"`
@@ -184,6 +194,7 @@ func Default() Config {
 		KernelCmdline:         "console=ttyS0 no_timer_check",
 		Sandbox:               true,
 		BootTimeout:           "60s",
+		BootSlotHold:          "30s",
 		CNIConfDir:            "/etc/cni/net.d",
 		CNIBinDirs:            []string{"/opt/cni/bin", "/usr/lib/cni"},
 		Jail:                  true,
@@ -356,6 +367,14 @@ func (c Config) validate() error {
 	} else if d <= 0 {
 		add("boot_timeout", "%q must be greater than zero", c.BootTimeout)
 	}
+	if c.BootSlots < -1 || c.BootSlots > MaxBootSlots {
+		add("boot_slots", "%d is not -1 (no pacing), 0 (auto) or a count up to %d", c.BootSlots, MaxBootSlots)
+	}
+	if d, err := time.ParseDuration(c.BootSlotHold); err != nil {
+		add("boot_slot_hold", "%q is not a duration (e.g. 30s)", c.BootSlotHold)
+	} else if d <= 0 || d > maxBootSlotHold {
+		add("boot_slot_hold", "%q is not greater than zero and at most %s", c.BootSlotHold, maxBootSlotHold)
+	}
 	if d, err := time.ParseDuration(c.BalloonStatsInterval); err != nil {
 		add("balloon_stats_interval", "%q is not a duration (e.g. 10s)", c.BalloonStatsInterval)
 	} else if d != 0 && (d < time.Second || d > maxBalloonStatsInterval || d%time.Second != 0) {
@@ -420,6 +439,18 @@ func (c Config) validate() error {
 
 // MemoryOverheadBytes returns the validated memory_overhead.
 func (c Config) MemoryOverheadBytes() int64 { return mustBytes(c.MemoryOverhead) }
+
+// MaxBootSlots bounds boot_slots.
+const MaxBootSlots = 1024
+
+// maxBootSlotHold bounds boot_slot_hold.
+const maxBootSlotHold = 10 * time.Minute
+
+// BootSlotHoldDuration returns the validated boot_slot_hold.
+func (c Config) BootSlotHoldDuration() time.Duration {
+	d, _ := time.ParseDuration(c.BootSlotHold)
+	return d
+}
 
 // bootTimeout returns the validated boot_timeout.
 // maxBalloonStatsInterval bounds balloon_stats_interval.

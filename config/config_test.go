@@ -29,7 +29,7 @@ func TestDefaultIsValid(t *testing.T) {
 		QEMUBinary: "qemu-system-x86_64", QEMUImg: "qemu-img", SWTPM: "swtpm", RuncShim: "containerd-shim-runc-v2", Accel: "auto",
 		DefaultVCPUs: 1, DefaultMemory: "512Mi", MaxVCPUs: 16, MaxMemory: "16Gi", MemoryOverhead: "128Mi",
 		MaxDiskSize: "256Gi", DiskDriver: "virtio-blk", KernelCmdline: "console=ttyS0 no_timer_check",
-		Sandbox: true, BootTimeout: "60s",
+		Sandbox: true, BootTimeout: "60s", BootSlotHold: "30s",
 		CNIConfDir: "/etc/cni/net.d", CNIBinDirs: []string{"/opt/cni/bin", "/usr/lib/cni"},
 		Jail: true, JailIDs: "1879048192-1879113727",
 		CacheDir: "/var/lib/vmshim/disks", CacheMaxSize: "50Gi",
@@ -73,6 +73,8 @@ disk_driver = "nvme"
 kernel_cmdline = "console=ttyS0 quiet"
 sandbox = false
 boot_timeout = "2m"
+boot_slots = 3
+boot_slot_hold = "45s"
 cni_network = "vm-net_1.0"
 cni_conf_dir = "/srv/cni/conf"
 cni_bin_dirs = ["/srv/cni/bin"]
@@ -99,7 +101,7 @@ tpm = "2.0"
 					QEMUBinary: "/usr/bin/qemu-system-x86_64", QEMUImg: "/usr/bin/qemu-img", SWTPM: "/usr/bin/swtpm", RuncShim: "containerd-shim-runc-v2", Accel: "tcg", TPM: "2.0",
 					DefaultVCPUs: 2, DefaultMemory: "1Gi", MaxVCPUs: 4, MaxMemory: "2Gi", MemoryOverhead: "256Mi",
 					MaxDiskSize: "20Gi", DiskDriver: "nvme", KernelCmdline: "console=ttyS0 quiet",
-					Sandbox: false, BootTimeout: "2m",
+					Sandbox: false, BootTimeout: "2m", BootSlots: 3, BootSlotHold: "45s",
 					CNINetwork: "vm-net_1.0", CNIConfDir: "/srv/cni/conf", CNIBinDirs: []string{"/srv/cni/bin"},
 					Jail: true, JailIDs: DefaultJailIDs,
 					CacheDir: "/srv/disks", CacheMaxSize: "5Gi", CAFile: "/etc/vmshim/ca.pem",
@@ -141,6 +143,11 @@ tpm = "2.0"
 		{name: "cmdline long", body: `kernel_cmdline = "` + strings.Repeat("a", 5000) + `"`, wantErr: "kernel_cmdline: 5000 bytes"},
 		{name: "bad duration", body: `boot_timeout = "soon"`, wantErr: `boot_timeout: "soon" is not a duration`},
 		{name: "zero duration", body: `boot_timeout = "0s"`, wantErr: `boot_timeout: "0s" must be greater than zero`},
+		{name: "boot slots negative", body: `boot_slots = -2`, wantErr: `boot_slots: -2 is not -1 (no pacing), 0 (auto) or a count up to 1024`},
+		{name: "boot slots many", body: `boot_slots = 1025`, wantErr: `boot_slots: 1025 is not`},
+		{name: "boot slot hold bad", body: `boot_slot_hold = "a while"`, wantErr: `boot_slot_hold: "a while" is not a duration`},
+		{name: "boot slot hold zero", body: `boot_slot_hold = "0s"`, wantErr: `boot_slot_hold: "0s" is not greater than zero and at most 10m0s`},
+		{name: "boot slot hold long", body: `boot_slot_hold = "11m"`, wantErr: `boot_slot_hold: "11m" is not greater than zero`},
 		{name: "empty qemu", body: `qemu_binary = ""`, wantErr: "qemu_binary: must not be empty"},
 		{name: "relative qemu-img", body: `qemu_img = "bin/qemu-img"`, wantErr: `qemu_img: "bin/qemu-img" must be a command name or an absolute path`},
 		{name: "cni network bad start", body: `cni_network = "-net"`, wantErr: `cni_network: "-net" is not a CNI network name`},
