@@ -1,0 +1,166 @@
+package guestconsole
+
+import (
+	"bytes"
+	"sync"
+	"time"
+)
+
+// maxLine is how many bytes of a line a watcher keeps; the rest of a
+// longer line is ignored.
+const maxLine = 1024
+
+// Watcher reads a guest's console output and keeps the verdict and the
+// kernel time it shows. New makes one; its methods may be called from
+// many goroutines.
+type Watcher struct {
+	died chan struct{} // closed once reason is set
+
+	mu      sync.Mutex    // guards the fields below
+	line    [maxLine]byte // the start of the line being written
+	n       int           // bytes of line held
+	cr      bool          // a '\r' came after them: more text starts the line over
+	reason  string        // the verdict; "" while the guest is not known dead
+	bsdWhy  string        // the reason a FreeBSD "panic: " line gives, awaiting its cpuid line
+	bsdLeft int           // lines left for that cpuid line to come; 0 when none awaits
+	kt      time.Duration // the largest kernel timestamp seen
+	waiters []waiter      // KernelTimeReached's channels, not yet closed
+}
+
+// waiter is a channel to close once the kernel time reaches at.
+type waiter struct {
+	at time.Duration
+	ch chan struct{}
+}
+
+// New returns a watcher that has seen no output.
+func New() *Watcher {
+	return &Watcher{died: make(chan struct{})}
+}
+
+// Write feeds console output, in chunks of any size and content, to the
+// watcher. It never fails and never waits for anything but the watcher's
+// lock, which no method holds for long.
+func (w *Watcher) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for rest := p; len(rest) > 0; {
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 {
+			w.add(rest)
+			break
+		}
+		w.add(rest[:i])
+		w.endLine()
+		rest = rest[i+1:]
+	}
+	return len(p), nil
+}
+
+// Dead returns the reason the console showed the guest dead, a line of
+// printable text, and true; or "", false while it has shown nothing of
+// the kind.
+func (w *Watcher) Dead() (reason string, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.reason, w.reason != ""
+}
+
+// Died returns a channel closed once the console has shown the guest dead.
+func (w *Watcher) Died() <-chan struct{} {
+	return w.died
+}
+
+// KernelTime returns the largest Linux printk timestamp seen at the start
+// of a line, or 0 before any.
+func (w *Watcher) KernelTime() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.kt
+}
+
+// KernelTimeReached returns a channel closed once KernelTime is d or more,
+// closed already if it is. The watcher keeps each channel until then:
+// call it once for a time and keep the channel.
+func (w *Watcher) KernelTimeReached(d time.Duration) <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ch := make(chan struct{})
+	if w.kt >= d {
+		close(ch)
+		return ch
+	}
+	w.waiters = append(w.waiters, waiter{at: d, ch: ch})
+	return ch
+}
+
+// add adds b, with no '\n' in it, to the line being written; a '\r' ends
+// what is held as soon as more text follows it.
+func (w *Watcher) add(b []byte) {
+	for len(b) > 0 {
+		seg := b
+		i := bytes.IndexByte(b, '\r')
+		if i >= 0 {
+			seg, b = b[:i], b[i+1:]
+		} else {
+			b = nil
+		}
+		if len(seg) > 0 {
+			if w.cr {
+				w.n, w.cr = 0, false
+			}
+			w.n += copy(w.line[w.n:], seg)
+		}
+		if i >= 0 {
+			w.cr = true
+		}
+	}
+}
+
+// endLine reads the line held, which a '\n' has ended, and starts the next.
+func (w *Watcher) endLine() {
+	line := lineStart(w.line[:w.n])
+	w.n, w.cr = 0, false
+	if t, ok := kernelTime(line); ok && t > w.kt {
+		w.kt = t
+		w.wake()
+	}
+	if w.reason != "" {
+		return
+	}
+	if reason, ok := linuxVerdict(message(line)); ok {
+		w.die(reason)
+		return
+	}
+	if w.bsdLeft > 0 {
+		if isCPUID(line) {
+			w.die(w.bsdWhy)
+			return
+		}
+		w.bsdLeft--
+	}
+	if m, ok := bytes.CutPrefix(line, []byte(bsdPanic)); ok {
+		w.bsdWhy, w.bsdLeft = reasonPanic(m), bsdWindow
+	}
+}
+
+// die sets the verdict.
+func (w *Watcher) die(reason string) {
+	w.reason = reason
+	w.bsdWhy, w.bsdLeft = "", 0
+	close(w.died)
+}
+
+// wake closes the channels of the waiters the kernel time has reached.
+func (w *Watcher) wake() {
+	kept := w.waiters[:0]
+	for _, wt := range w.waiters {
+		if w.kt >= wt.at {
+			close(wt.ch)
+		} else {
+			kept = append(kept, wt)
+		}
+	}
+	clear(w.waiters[len(kept):])
+	w.waiters = kept
+}
