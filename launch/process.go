@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/vmshim/vmshim/config"
+	"github.com/vmshim/vmshim/guestconsole"
 	"github.com/vmshim/vmshim/oom"
 	"github.com/vmshim/vmshim/procmem"
 	"github.com/vmshim/vmshim/qemu"
@@ -58,6 +59,7 @@ func (c *build) qemu(ctx context.Context) (err error) {
 	if c.j != nil {
 		steps = append(steps, c.j.Enter)
 	}
+	death := newDeathWatch(c.logger)
 	bootCtx, cancel := context.WithTimeout(ctx, c.desc.BootTimeout)
 	defer cancel()
 	stderr := c.logger.WriterLevel(logrus.WarnLevel)
@@ -73,7 +75,8 @@ func (c *build) qemu(ctx context.Context) (err error) {
 			}
 			return c.limits.start(cmd, steps...)
 		},
-		Span: func(phase string, begin time.Time) { Span(c.logger, phase, begin) },
+		Span:       func(phase string, begin time.Time) { Span(c.logger, phase, begin) },
+		GuestReset: death.reset,
 	})
 	if err != nil {
 		stderr.Close()
@@ -104,14 +107,56 @@ func (c *build) qemu(ctx context.Context) (err error) {
 		stderr.Close()
 		return fmt.Errorf("start vm %s: the balloon's statistics: %w", c.r.ID, err) // the rollback stops QEMU
 	}
+	var pace *pacer
+	if !c.qs.Incoming {
+		// A resumed guest is past its boot.
+		if pace, err = newPacer(c.cfg, c.qs.Accel, c.logger); err != nil {
+			stderr.Close()
+			return fmt.Errorf("start vm %s: %w", c.r.ID, err) // the rollback stops QEMU
+		}
+	}
+	console := c.watchConsole(vm, death, pace)
 	saver := c.newSaver()
-	c.vm = &qemuVM{proc: vm, limits: c.limits, console: c.console, rec: c.rec, stderr: stderr, hooks: c.hooks, oom: c.watchOOM(),
-		saver: saver, suspend: c.newSuspender(saver), relink: relink, guestMem: guestMem}
+	c.vm = &qemuVM{proc: vm, limits: c.limits, console: console, rec: c.rec, stderr: stderr, hooks: c.hooks, oom: c.watchOOM(),
+		saver: saver, suspend: c.newSuspender(saver), relink: relink, guestMem: guestMem, death: death, pace: pace}
 	if c.vnc != nil {
 		c.vnc.vm.Store(vm)
 	}
 	c.pageOutBootFiles(vm)
 	return nil
+}
+
+// watchConsole has the guest's console watched (guestconsole) for a
+// dead guest, which death then stops, and for its kernel's clock, which
+// tells pace, if any, that the guest is past its early boot.
+func (c *build) watchConsole(vm *qemu.VM, death *deathWatch, pace *pacer) *watchedConsole {
+	death.setKill(vm.Kill)
+	go func() {
+		<-vm.Done()
+		death.stop()
+		if pace != nil {
+			pace.close()
+		}
+	}()
+	seen := func(w *guestconsole.Watcher) {
+		if reason, ok := w.Dead(); ok {
+			death.dead(reason)
+		}
+		if pace != nil {
+			pace.seen(w)
+		}
+	}
+	final := func() string {
+		if reason := death.verdict(); reason != "" {
+			return "the guest is dead, its vm stopped: " + reason
+		}
+		return ""
+	}
+	console := newWatchedConsole(c.console, guestconsole.New(), seen, final)
+	if pace != nil {
+		pace.note = console.note
+	}
+	return console
 }
 
 // pageOutBootFiles has the kernel reclaim, off the way to the guest

@@ -6,10 +6,12 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/vmshim/vmshim/config"
@@ -33,6 +35,10 @@ type qemuVM struct {
 	suspend  *suspender   // saves the VM at a stop; nil for one that powers off
 	relink   *relinker    // brings a resumed guest's NICs back up; nil for a booted one
 	guestMem *guestMemory // the guest's memory statistics; nil without a balloon
+	death    *deathWatch  // stops a dead guest; sets the task's exit status then
+	pace     *pacer       // holds the vCPUs until the VM has a boot slot; nil unpaced
+
+	unbooted atomic.Bool // stopped while it waited for a boot slot: it never ran
 
 	closeOnce sync.Once // closes stderr and oom once
 }
@@ -45,6 +51,9 @@ func (v *qemuVM) Console() io.ReadWriteCloser { return v.console }
 
 // Start runs the vCPUs; a resumed guest's NICs come up a moment later.
 func (v *qemuVM) Start(ctx context.Context) error {
+	if v.pace != nil {
+		return v.pace.start(ctx, v.proc.Start, v.proc.Done())
+	}
 	if err := v.proc.Start(ctx); err != nil {
 		return err
 	}
@@ -56,6 +65,12 @@ func (v *qemuVM) Start(ctx context.Context) error {
 // is saved onto its volume instead, in the background, and QEMU ends
 // once its state is whole.
 func (v *qemuVM) Powerdown(ctx context.Context) error {
+	if v.pace != nil && v.pace.abandon() {
+		// It never ran: there is neither a guest to power down nor a
+		// state to save.
+		v.unbooted.Store(true)
+		return v.proc.Kill()
+	}
 	if v.suspend != nil {
 		v.suspend.start(ctx, v.proc)
 		return nil
@@ -77,16 +92,36 @@ func (v *qemuVM) Checkpoint(ctx context.Context, dir string) error {
 func (v *qemuVM) Kill() error { return v.proc.Kill() }
 
 // Pause stops the vCPUs.
-func (v *qemuVM) Pause(ctx context.Context) error { return v.proc.Pause(ctx) }
+// A VM that waits for a boot slot is stopped already, and stays so.
+func (v *qemuVM) Pause(ctx context.Context) error {
+	if v.pace != nil && v.pace.pause() {
+		return nil
+	}
+	return v.proc.Pause(ctx)
+}
 
-// Resume restarts the vCPUs.
-func (v *qemuVM) Resume(ctx context.Context) error { return v.proc.Resume(ctx) }
+// Resume restarts the vCPUs; a VM that waits for a boot slot goes on
+// waiting, and boots once it has one.
+func (v *qemuVM) Resume(ctx context.Context) error {
+	if v.pace != nil && v.pace.resume() {
+		return nil
+	}
+	return v.proc.Resume(ctx)
+}
 
 // Done is closed once QEMU has exited.
 func (v *qemuVM) Done() <-chan struct{} { return v.proc.Done() }
 
 // ExitStatus is QEMU's exit status, once Done.
-func (v *qemuVM) ExitStatus() (int, time.Time) { return v.proc.ExitStatus() }
+// A guest the shim found dead and stopped exits with deadStatus; a VM
+// stopped before it booted exits 0, as one powered down would.
+func (v *qemuVM) ExitStatus() (int, time.Time) {
+	code, at := v.proc.ExitStatus()
+	if v.unbooted.Load() && code == 128+int(unix.SIGKILL) {
+		return 0, at
+	}
+	return v.death.exitStatus(code), at
+}
 
 // Stats reads the VM's cgroup: the host's view of what the VM costs,
 // which the guest's own (GuestMemory) joins in the shim's debug log.
