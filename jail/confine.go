@@ -55,9 +55,9 @@ type Limits struct {
 // files, under Limits and under a seccomp
 // filter (see filter) that lets one execve through: the runner's, of the
 // program. The filter hands execve and execveat to the shim
-// (SECCOMP_RET_USER_NOTIF); Started lets the first through and closes the
-// filter's listener, after which every execve the program tries fails
-// with ENOSYS, whatever its arguments.
+// (SECCOMP_RET_USER_NOTIF); Started lets the runner's through and closes
+// the filter's listener once the runner has exec'd, after which every
+// execve the program tries fails with ENOSYS, whatever its arguments.
 type Confinement struct {
 	program string
 	parent  *os.File // the shim's end of the runner's socket
@@ -94,9 +94,9 @@ func Confine(cmd *exec.Cmd, lim Limits) (*Confinement, error) {
 }
 
 // Started lets the runner of cmd, started as pid, exec the program: it
-// takes the filter's listener from the runner, allows the one execve and
-// closes the listener. An error means the program will not run; the
-// caller kills and reaps the runner.
+// takes the filter's listener from the runner, allows the runner's
+// execve and, once the runner has exec'd, closes the listener. An error
+// means the program will not run; the caller kills and reaps the runner.
 func (c *Confinement) Started(ctx context.Context, pid int) error {
 	c.child.Close()
 	c.child = nil
@@ -106,17 +106,17 @@ func (c *Confinement) Started(ctx context.Context, pid int) error {
 	if err != nil {
 		return fmt.Errorf("confine %s: %w", c.program, err)
 	}
-	err = allowExec(ctx, listener, pid)
+	allowed, err := allowExec(ctx, listener, int(c.parent.Fd()), pid)
 	unix.Close(listener)
 	if err != nil {
 		return fmt.Errorf("confine %s: %w", c.program, err)
 	}
-	return c.execed(ctx)
+	return c.execed(ctx, allowed)
 }
 
-// execed waits for the runner's exec: its socket closes when it succeeds,
-// and says why when it fails.
-func (c *Confinement) execed(ctx context.Context) error {
+// execed reads how the runner ended: its socket closes when it execs or
+// dies (allowed says whether it was let exec), and says why when it fails.
+func (c *Confinement) execed(ctx context.Context, allowed bool) error {
 	fd := int(c.parent.Fd())
 	if err := waitReadable(ctx, fd); err != nil {
 		return fmt.Errorf("confine %s: wait for exec: %w", c.program, err)
@@ -128,6 +128,8 @@ func (c *Confinement) execed(ctx context.Context) error {
 		return fmt.Errorf("confine %s: wait for exec: %w", c.program, err)
 	case n > 0:
 		return errdefs.ErrFailedPrecondition.WithMessage(string(buf[:n]))
+	case !allowed:
+		return fmt.Errorf("confine %s: runner exited before its exec: %w", c.program, errdefs.ErrFailedPrecondition)
 	}
 	return nil
 }
@@ -192,27 +194,83 @@ type seccompNotifResp struct {
 	Flags uint32
 }
 
-// allowExec waits for the runner's execve on listener and lets it through.
-func allowExec(ctx context.Context, listener, pid int) error {
-	if err := waitReadable(ctx, listener); err != nil {
-		return fmt.Errorf("wait for the runner's exec: %w", err)
+// allowExec lets the runner's execve on listener through, and returns
+// once the runner's socket sock reads: the runner has exec'd, failed or
+// died. allowed says whether it was let exec.
+//
+// A signal to the runner while its execve waits (the Go runtime's own
+// SIGURG, say) withdraws the notification, and the execve, restarted
+// after the handler, notifies again: RECV or SEND fail with ENOENT, or
+// SEND succeeds but the runner never sees the answer. So every
+// notification from the runner before its exec is let through; one that
+// comes after its socket closed (the exec closes it before the program
+// runs) is the program's own, and is left to fail with ENOSYS when the
+// listener closes.
+func allowExec(ctx context.Context, listener, sock, pid int) (allowed bool, err error) {
+	for {
+		var ready bool
+		ready, err = waitNotification(ctx, listener, sock)
+		if err != nil || !ready {
+			return allowed, err
+		}
+		var n seccompNotif
+		err = ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_RECV, unsafe.Pointer(&n))
+		switch {
+		case errors.Is(err, unix.ENOENT):
+			continue // withdrawn before it was received
+		case err != nil:
+			return allowed, fmt.Errorf("receive the runner's exec: %w", err)
+		case readable(sock):
+			return allowed, nil
+		}
+		resp := seccompNotifResp{ID: n.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
+		if int(n.Pid) != pid {
+			resp = seccompNotifResp{ID: n.ID, Error: -int32(unix.EPERM)}
+		}
+		err = ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
+		switch {
+		case int(n.Pid) != pid:
+			return allowed, fmt.Errorf("exec asked by pid %d, not the runner's %d: %w", n.Pid, pid, errdefs.ErrFailedPrecondition)
+		case errors.Is(err, unix.ENOENT):
+			// withdrawn: the restarted execve notifies again
+		case err != nil:
+			return allowed, fmt.Errorf("allow the runner's exec: %w", err)
+		default:
+			allowed = true
+		}
 	}
-	var n seccompNotif
-	if err := ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_RECV, unsafe.Pointer(&n)); err != nil {
-		return fmt.Errorf("runner exited before its exec: %w", err)
+}
+
+// waitNotification waits until listener has a notification to receive,
+// and says so, or the runner's socket sock reads, or ctx ends. The
+// listener hanging up (no task uses the filter) means the runner is
+// exiting: its socket reads soon.
+func waitNotification(ctx context.Context, listener, sock int) (bool, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return false, fmt.Errorf("wait for the runner's exec: %w", err)
+		}
+		pfd := []unix.PollFd{{Fd: int32(sock), Events: unix.POLLIN}, {Fd: int32(listener), Events: unix.POLLIN}}
+		_, err := unix.Poll(pfd, 100)
+		switch {
+		case errors.Is(err, unix.EINTR):
+		case err != nil:
+			return false, fmt.Errorf("wait for the runner's exec: %w", err)
+		case pfd[0].Revents != 0 || pfd[1].Revents&unix.POLLHUP != 0:
+			return false, nil
+		case pfd[1].Revents&unix.POLLIN != 0:
+			return true, nil
+		}
+		// POLLERR alone: the kernel's poll of the listener was
+		// interrupted.
 	}
-	resp := seccompNotifResp{ID: n.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
-	if int(n.Pid) != pid {
-		resp = seccompNotifResp{ID: n.ID, Error: -int32(unix.EPERM)}
-	}
-	err := ioctl(listener, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
-	switch {
-	case int(n.Pid) != pid:
-		return fmt.Errorf("exec asked by pid %d, not the runner's %d: %w", n.Pid, pid, errdefs.ErrFailedPrecondition)
-	case err != nil:
-		return fmt.Errorf("allow the runner's exec: %w", err)
-	}
-	return nil
+}
+
+// readable says whether fd reads at once.
+func readable(fd int) bool {
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, _ := unix.Poll(pfd, 0)
+	return n > 0
 }
 
 func ioctl(fd int, req uint, arg unsafe.Pointer) error {

@@ -191,3 +191,62 @@ func TestConfineMissingProgram(t *testing.T) {
 		t.Fatalf("Started() = %v, want the exec's error", err)
 	}
 }
+
+// TestConfineSignalled checks a runner signalled while its exec waits for
+// the shim still execs the program: each signal withdraws the exec's
+// notification, received or not, and the exec, restarted, notifies
+// again. The race is in microseconds, so the test runs a few programs,
+// signals as fast as it can and has the runner, at a real-time priority,
+// handle each signal at once.
+func TestConfineSignalled(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("confinement makes namespaces, which needs root")
+	}
+	for range 10 {
+		runSignalled(t)
+	}
+}
+
+// runSignalled runs /bin/true confined and sends its runner's main thread,
+// the one that execs, SIGURG until Started is done: the runner's Go
+// runtime handles it, and true ignores it.
+func runSignalled(t *testing.T) {
+	t.Helper()
+	cmd := exec.Command("/bin/true")
+	c, err := Confine(cmd, Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	if err := unix.SchedSetAttr(pid, &unix.SchedAttr{Policy: unix.SCHED_FIFO, Priority: 1}, 0); err != nil {
+		t.Logf("runner at real-time priority: %v", err)
+	}
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// The runner is not reaped before Started is done.
+			_ = unix.Tgkill(pid, pid, unix.SIGURG)
+		}
+	}()
+	err = c.Started(context.Background(), pid)
+	close(stop)
+	<-stopped
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("Started() = %v", err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("true: %v", err)
+	}
+}
