@@ -9,8 +9,10 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 )
 
@@ -248,5 +250,56 @@ func runSignalled(t *testing.T) {
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("true: %v", err)
+	}
+}
+
+// TestConfineRunnerKilled checks a runner killed while its exec waits
+// fails Started at once, not when runnerWait ends, though it is not
+// reaped yet.
+func TestConfineRunnerKilled(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("confinement makes namespaces, which needs root")
+	}
+	cmd := exec.Command("/bin/true")
+	c, err := Confine(cmd, Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Wait() }()
+	pid := cmd.Process.Pid
+	// /proc/PID/syscall starts with the number of the call a blocked
+	// task waits in.
+	execve := fmt.Sprintf("%d ", unix.SYS_EXECVE)
+	for start := time.Now(); ; time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/syscall", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(string(b), execve) {
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("runner not in execve: %s", b)
+		}
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	// Dead, not reaped: Started is to see that at once.
+	var info unix.Siginfo
+	if err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = c.Started(context.Background(), pid)
+	if !errdefs.IsFailedPrecondition(err) || err.Error() != "confine /bin/true: runner exited before its exec: failed precondition" {
+		t.Errorf("Started() = %v, want the runner exited before its exec", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Started took %v", d)
 	}
 }
