@@ -345,7 +345,12 @@ func runRunner(args []string) int {
 		}
 	}
 	// The socket is closed by a successful exec; the shim reads that as
-	// the program running, and anything else as why it does not.
+	// the program running, and anything else as why it does not. While
+	// the execve waits for the shim, the Go runtime signals this thread
+	// (SIGURG, every 10ms: a raw call looks like a running goroutine) and
+	// the execve restarts; allowExec copes. Neither blocking signals,
+	// which the program would inherit, nor unix.Syscall, which may start
+	// a thread under the address space limit, is worth it.
 	_, _, errno := unix.RawSyscall(unix.SYS_EXECVE, uintptr(unsafe.Pointer(path)),
 		uintptr(unsafe.Pointer(&argv[0])), uintptr(unsafe.Pointer(&envv[0])))
 	return fail(fmt.Errorf("exec %s: %w", args[3], errno))
