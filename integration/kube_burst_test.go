@@ -237,7 +237,9 @@ func (n *kubeNode) state(t *testing.T) nodeState {
 	// its lifetime once made; a pod's are below them, named pod<UID>.
 	s["cgroup"] = slices.DeleteFunc(n.cgroupsLeft(), func(p string) bool { return !strings.Contains(p, "/pod") })
 	s["jail claim"] = slices.Collect(maps.Keys(jailClaims(t)))
-	s["runtime dir"] = dirNames("/run/vmshim")
+	// The node's boot slots are made once, by the first paced boot, and
+	// kept.
+	s["runtime dir"] = slices.DeleteFunc(dirNames("/run/vmshim"), func(n string) bool { return n == "boot-slots" })
 	for _, ns := range []string{criNamespace, testNamespace} { // the kubelet's and ctr's
 		for _, b := range dirNames(filepath.Join(n.daemon.dir, "state", "io.containerd.runtime.v2.task", ns)) {
 			s["task bundle"] = append(s["task bundle"], ns+"/"+b)

@@ -33,6 +33,7 @@ func TestKube(t *testing.T) {
 	t.Run("AgentPod", k.testAgentPod)
 	t.Run("RouterOnlyPortForward", k.testRouterOnlyPortForward)
 	t.Run("Restart", k.testRestart)
+	t.Run("DeadGuest", k.testDeadGuest)
 	t.Run("OOMKilled", k.testOOMKilled)
 	t.Run("BadInput", k.testBadInput)
 	t.Run("MixedPod", k.testMixedPod)
