@@ -125,9 +125,9 @@ test-cgroupv2: guest ## boot a cgroup v2 + systemd node VM; check QEMU's cgroups
 		$(GO) test -count=1 -timeout 30m -v ./integration/node/ || status=$$?; \
 	echo "test-cgroupv2: test run took $$SECONDS s"; exit $$status
 
-bench: setup kube guest cloud-guest ## measure start latency, memory, density, teardown, suspend and resume, memory given back and KSM, bursts through the kubelet (table; JSON and SVG in _output/bench; VMSHIM_BENCH_ONLY=suspend runs one section)
+bench: setup kube guest cloud-guest ## measure start latency, memory, density, teardown, boots at once with pacing off and on, suspend and resume, memory given back and KSM, bursts through the kubelet (table; JSON and SVG in _output/bench; VMSHIM_BENCH_ONLY=suspend runs one section)
 	$(IT_ENV) VMSHIM_BENCH=1 VMSHIM_BENCH_OUT=$(OUT)/bench \
-		$(GO) test -count=1 -timeout 90m -v -run '^TestBench$$' ./integration/
+		$(GO) test -count=1 -timeout 160m -v -run '^TestBench$$' ./integration/
 
 test: setup unit fuzz integration test-cgroupv2 ## set up and run all tests
 

@@ -27,11 +27,13 @@ import (
 
 // Environment of make bench.
 const (
-	envBench        = "VMSHIM_BENCH"         // 1 to run TestBench
-	envBenchOut     = "VMSHIM_BENCH_OUT"     // directory for bench.json and density.svg
-	envBenchDensity = "VMSHIM_BENCH_DENSITY" // pod counts of the density runs, "1,10,25,50" by default
-	envBenchRuns    = "VMSHIM_BENCH_RUNS"    // samples of each start and teardown figure, 5 by default
-	envBenchOnly    = "VMSHIM_BENCH_ONLY"    // the sections to run, comma-separated; all by default
+	envBench             = "VMSHIM_BENCH"               // 1 to run TestBench
+	envBenchOut          = "VMSHIM_BENCH_OUT"           // directory for bench.json and density.svg
+	envBenchDensity      = "VMSHIM_BENCH_DENSITY"       // pod counts of the density runs, "1,10,25,50" by default
+	envBenchRuns         = "VMSHIM_BENCH_RUNS"          // samples of each start and teardown figure, 5 by default
+	envBenchOnly         = "VMSHIM_BENCH_ONLY"          // the sections to run, comma-separated; all by default
+	envBenchPacing       = "VMSHIM_BENCH_PACING"        // pod counts of the pacing runs, "1,10,25,50" by default
+	envBenchPacingRepeat = "VMSHIM_BENCH_PACING_REPEAT" // runs with pacing on of the largest count, 3 by default
 )
 
 // The sections of the bench, in the order they run.
@@ -40,6 +42,7 @@ const (
 	sectionRunc    = "runc"    // the runc shim's memory
 	sectionDensity = "density" // pods started at once
 	sectionCold    = "cold"    // pods started at once from an image not unpacked
+	sectionPacing  = "pacing"  // disk-boot pods started at once, with boot pacing off and on
 	sectionSuspend = "suspend" // VMs suspended onto a volume at a stop and resumed
 	sectionMemory  = "memory"  // idle VM pods' host memory, the balloon giving freed memory back, KSM
 	sectionBurst   = "burst"   // a Deployment of VM pods scaled 0 → N → 0 through a real kubelet
@@ -57,18 +60,19 @@ const (
 var errBenchGuestPanic = errors.New("guest kernel panicked")
 
 // TestBench measures what a VM pod costs next to bare QEMU and runc: start
-// latency, shim and host memory, density, teardown, suspend and resume,
-// memory given back by the balloon and merged by KSM, bursts through the
-// kubelet. It prints a table and writes bench.json and density.svg. It
-// asserts no timing: it fails only when something it measures does not
-// run.
+// latency, shim and host memory, density, teardown, boots at once with
+// and without boot pacing, suspend and resume, memory given back by the
+// balloon and merged by KSM, bursts through the kubelet. It prints a
+// table and writes bench.json and density.svg. It asserts no timing: it
+// fails only when something it measures does not run.
 func TestBench(t *testing.T) {
 	if os.Getenv(envBench) != "1" {
 		t.Skipf("set %s=1 to run the benchmark (make bench does)", envBench)
 	}
 	outDir := cmp.Or(os.Getenv(envBenchOut), filepath.Join("..", "_output", "bench"))
 	runs, sizes := envInts(t, envBenchRuns, "5"), envInts(t, envBenchDensity, "1,10,25,50")
-	ctx, cancel := context.WithTimeout(context.Background(), 80*time.Minute)
+	pacing, pacingRepeat := envInts(t, envBenchPacing, "1,10,25,50"), envInts(t, envBenchPacingRepeat, "3")
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Minute)
 	defer cancel()
 	r, began, c := newBenchReport(runs[0], envSections(t)), time.Now(), newCRI(t, env.daemon)
 
@@ -87,6 +91,9 @@ func TestBench(t *testing.T) {
 	}
 	if r.ran(sectionCold) {
 		r.Cold = benchCold(ctx, t, c, coldPods)
+	}
+	if r.ran(sectionPacing) {
+		r.Pacing = benchPacing(ctx, t, c, pacing, pacingRepeat[0])
 	}
 	if r.ran(sectionSuspend) {
 		r.Suspend = benchSuspend(ctx, t, c, runs[0])
@@ -261,7 +268,7 @@ func bootBenchVM(ctx context.Context, t *testing.T, c *cri, name, handler, image
 	if v.start1 = time.Now(); err != nil {
 		return nil, fmt.Errorf("start container in %s: %w", name, err)
 	}
-	if handler == runtimeHandler || handler == noJailHandler { // the CRI creates the task, and so QEMU, in StartContainer
+	if handler == runtimeHandler || handler == noJailHandler || handler == unpacedHandler { // the CRI creates the task, and so QEMU, in StartContainer
 		if v.qemuPid, err = pidOf("guest=" + v.ct.id); err == nil {
 			v.qemuStart, err = processStart(v.qemuPid)
 		}

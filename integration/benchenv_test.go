@@ -25,7 +25,7 @@ func envInts(t *testing.T, name, def string) (out []int) {
 // envSections reads the sections to run from VMSHIM_BENCH_ONLY: names
 // of the sections, comma-separated, or all of them when it is unset.
 func envSections(t *testing.T) []string {
-	all := []string{sectionStart, sectionRunc, sectionDensity, sectionCold, sectionSuspend, sectionMemory, sectionBurst}
+	all := []string{sectionStart, sectionRunc, sectionDensity, sectionCold, sectionPacing, sectionSuspend, sectionMemory, sectionBurst}
 	spec := os.Getenv(envBenchOnly)
 	if spec == "" {
 		return all

@@ -131,6 +131,9 @@ type benchReport struct {
 	Density       []densityPoint   `json:"density"`
 	// Cold is coldPods pods started at once from an image not unpacked yet.
 	Cold *densityPoint `json:"cold_image,omitempty"`
+	// Pacing are disk-boot pods started at once with boot pacing off
+	// and on.
+	Pacing []pacingPoint `json:"pacing,omitempty"`
 	// Suspend are VMs suspended onto a root-disk volume and resumed.
 	Suspend []suspendSample `json:"suspend"`
 	// Memory is idle VM pods' host memory, what they give back, and KSM.
@@ -155,13 +158,16 @@ func newBenchReport(runs int, sections []string) *benchReport {
 	}}
 }
 
-// write fills the summary, prints the table and writes bench.json,
-// bench.txt and density.svg into dir.
+// write fills the summary, prints the table (and the pacing runs') and
+// writes bench.json, bench.txt and density.svg into dir.
 func (r *benchReport) write(dir string) error {
 	load, _ := os.ReadFile("/proc/loadavg") // at the end: the 15 min average spans most runs
 	r.Machine["load"] = strings.Join(strings.Fields(string(load))[:3], " ")
 	r.Summary = r.rows()
 	table := formatTable(r.Summary)
+	if len(r.Pacing) > 0 {
+		table += "\n" + formatPacing(r.Pacing)
+	}
 	fmt.Printf("\n%s\n", table)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err

@@ -77,6 +77,12 @@ const criConfig = `[plugins."io.containerd.cri.v1.images".pinned_images]
     container_annotations = ["vmshim.io/*", "io.kubernetes.pod.terminationGracePeriod"]
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm-smallcache.options]
       ConfigPath = %q
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm-unpaced]
+    runtime_type = "io.containerd.vm.v2"
+    pod_annotations = ["vmshim.io/*"]
+    container_annotations = ["vmshim.io/*", "io.kubernetes.pod.terminationGracePeriod"]
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.vm-unpaced.options]
+      ConfigPath = %q
 `
 
 // testCacheMax is the disk cache cap of test daemons.
@@ -102,6 +108,10 @@ func (d *daemon) smallCacheDir() string { return filepath.Join(d.dir, "disks-sma
 // noJailHandler is a runtime handler whose shim config turns the jail off,
 // for the benchmark's comparison only.
 const noJailHandler = "vm-nojail"
+
+// unpacedHandler is a runtime handler like "vm" whose shim config turns
+// boot pacing off (boot_slots = -1), for the benchmark's comparison only.
+const unpacedHandler = "vm-unpaced"
 
 // tightHandler is a runtime handler whose shim config leaves QEMU no
 // memory beyond guest RAM (tightConfig), so that a guest filling its RAM
@@ -206,7 +216,11 @@ func startDaemon(containerdDir, shimDir string, opts daemonOptions) (_ *daemon, 
 		if err := os.WriteFile(small, []byte(smallConfig), 0o644); err != nil {
 			return nil, err
 		}
-		body += fmt.Sprintf(criConfig, pauseImage, cniDir, noJail, tight, small)
+		unpaced := filepath.Join(dir, "unpaced.toml")
+		if err := os.WriteFile(unpaced, []byte(d.shimConfig()+"boot_slots = -1\n"), 0o644); err != nil {
+			return nil, err
+		}
+		body += fmt.Sprintf(criConfig, pauseImage, cniDir, noJail, tight, small, unpaced)
 		if opts.registryHosts {
 			if err := os.MkdirAll(d.registryDir(), 0o755); err != nil {
 				return nil, err
