@@ -234,9 +234,9 @@ func TestAcquireContextEnds(t *testing.T) {
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
 	for _, tc := range []struct {
-		name     string
-		ctx      func() (context.Context, context.CancelFunc)
-		full     bool
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+		full bool
 		want error
 	}{
 		{"cancelled", func() (context.Context, context.CancelFunc) { return cancelled, func() {} }, true, context.Canceled},

@@ -136,9 +136,9 @@ type watchedConsole struct {
 	seen    func(*guestconsole.Watcher)
 	watcher *guestconsole.Watcher
 
-	mu        sync.Mutex // orders writes into w; guards lineStart and final
+	mu        sync.Mutex // orders writes into w; guards lineStart
 	w         *io.PipeWriter
-	lineStart bool   // the last byte written was a newline
+	lineStart bool          // the last byte written was a newline
 	final     func() string // the line written once the guest's output ends
 }
 

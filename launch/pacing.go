@@ -52,7 +52,7 @@ type pacer struct {
 	logger *log.Entry
 	note   func(string) // writes a line into the task's log
 
-	mu      sync.Mutex // guards the fields below
+	mu      sync.Mutex    // guards the fields below
 	waiting bool          // the VM waits for a slot
 	gaveUp  bool          // the wait was abandoned: the VM never boots
 	paused  bool          // the task was paused while it waited
