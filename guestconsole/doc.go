@@ -17,8 +17,14 @@
 //
 // The console shows the guest dead when a line, at its start, is one of:
 //
-//   - Linux's panic line, "Kernel panic - not syncing: <msg>", or the
-//     trailer it prints after the backtrace when it hangs,
+//   - Linux's panic line, "Kernel panic - not syncing: <msg>", once the
+//     rest of the report the kernel prints after it begins within 64
+//     lines: dump_stack's first line ("CPU: <n> PID: <n> Comm: ..."), the
+//     kernel's offset ("Kernel Offset: ..."), the other CPUs' stop
+//     ("Shutting down cpus with NMI") or the trailer; so one line that
+//     quotes a panic at its start, as a write to /dev/kmsg would, is not
+//     one;
+//   - the trailer Linux prints at the end of a panic when it hangs,
 //     "---[ end Kernel panic - not syncing: <msg> ]---";
 //   - Linux's "reboot: System halted", printed when halt -f has stopped
 //     every CPU and QEMU runs on with nothing to run ("reboot: Power
@@ -46,9 +52,10 @@
 // control characters and invalid UTF-8 and cut at 200 bytes. The first
 // verdict stands; nothing after it changes it.
 //
-// A guest can print any of these lines from user space, from a program
-// echoing one to a dmesg of a ring buffer with a panic in it: the console
-// is the guest's own, and a guest that says it is dead only ends itself.
+// A guest can print any of these from user space, from a program echoing
+// a panic and its report to a dmesg of a ring buffer with a panic in it:
+// the console is the guest's own, and a guest that says it is dead only
+// ends itself.
 //
 // # Kernel time
 //

@@ -13,7 +13,8 @@ import (
 // and waits for the guest's kernel to reach 2 s or for the guest to die.
 func Example() {
 	console := strings.NewReader("[    0.000000] Linux version 6.1.0-18-amd64\r\n" +
-		"[    1.234567] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\r\n")
+		"[    1.234567] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\r\n" +
+		"[    1.234600] CPU: 0 PID: 1 Comm: swapper/0 Not tainted 6.1.0-18-amd64 #1  Debian 6.1.76-1\r\n")
 	w := guestconsole.New()
 	_, _ = io.Copy(io.MultiWriter(io.Discard, w), console)
 

@@ -15,6 +15,9 @@ const (
 	linuxTrailer = "---[ end Kernel panic - not syncing: "
 	trailerEnd   = " ]---"
 	linuxHalted  = "reboot: System halted"
+	linuxCPU     = "CPU: "                       // dump_stack's first line: "CPU: 0 PID: 1 Comm: swapper/0 ..."
+	linuxOffset  = "Kernel Offset: "             // x86's panic notifier
+	linuxNMI     = "Shutting down cpus with NMI" // the other CPUs stopped
 	bsdPanic     = "panic: "
 	bsdCPUID     = "cpuid = "
 )
@@ -30,6 +33,10 @@ const (
 	maxReason = len(panicReason+": ") + maxMessage + len(ellipsis)
 	// ellipsis ends a message that was cut.
 	ellipsis = "..."
+	// linuxWindow is how many lines after Linux's panic line the rest of
+	// its report must begin: dump_stack's first line follows at once, and
+	// after an oops's panic the offset or the trailer within a few.
+	linuxWindow = 64
 	// bsdWindow is how many lines after FreeBSD's "panic: " line its
 	// "cpuid = " line may come.
 	bsdWindow = 3
@@ -134,20 +141,31 @@ func message(b []byte) []byte {
 	return rest[1:]
 }
 
-// linuxVerdict returns the reason a Linux message shows the guest dead.
-func linuxVerdict(msg []byte) (string, bool) {
-	if m, ok := bytes.CutPrefix(msg, []byte(linuxPanic)); ok {
-		return reasonPanic(m), true
-	}
+// linuxVerdict returns the reason a Linux message shows the guest dead
+// on its own: a panic's trailer or a halt. trailer says it is the former.
+func linuxVerdict(msg []byte) (reason string, trailer, ok bool) {
 	if m, ok := bytes.CutPrefix(msg, []byte(linuxTrailer)); ok {
 		// A trailer cut at maxLine has lost its end; the message is
 		// still the kernel's.
-		return reasonPanic(bytes.TrimSuffix(bytes.TrimRight(m, " \t"), []byte(trailerEnd))), true
+		return reasonPanic(bytes.TrimSuffix(bytes.TrimRight(m, " \t"), []byte(trailerEnd))), true, true
 	}
 	if string(bytes.TrimRight(msg, " \t")) == linuxHalted {
-		return haltedReason, true
+		return haltedReason, false, true
 	}
-	return "", false
+	return "", false, false
+}
+
+// isPanicReport reports whether a Linux message is one the kernel prints
+// after its panic line and nothing else does: dump_stack's first line
+// ("CPU: <n> PID: ..." or, since 6.9, "CPU: <n> UID: <n> PID: ...", with
+// the task's Comm), the kernel's offset, or the other CPUs' stop.
+func isPanicReport(msg []byte) bool {
+	if rest, ok := bytes.CutPrefix(msg, []byte(linuxCPU)); ok {
+		i := skipDigits(rest, 0)
+		return i > 0 && i < len(rest) && rest[i] == ' ' &&
+			bytes.Contains(rest, []byte(" PID: ")) && bytes.Contains(rest, []byte(" Comm: "))
+	}
+	return bytes.HasPrefix(msg, []byte(linuxOffset)) || bytes.HasPrefix(msg, []byte(linuxNMI))
 }
 
 // isCPUID reports whether b is FreeBSD's "cpuid = <n>" line, or the

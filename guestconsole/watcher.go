@@ -16,15 +16,17 @@ const maxLine = 1024
 type Watcher struct {
 	died chan struct{} // closed once reason is set
 
-	mu      sync.Mutex    // guards the fields below
-	line    [maxLine]byte // the start of the line being written
-	n       int           // bytes of line held
-	cr      bool          // a '\r' came after them: more text starts the line over
-	reason  string        // the verdict; "" while the guest is not known dead
-	bsdWhy  string        // the reason a FreeBSD "panic: " line gives, awaiting its cpuid line
-	bsdLeft int           // lines left for that cpuid line to come; 0 when none awaits
-	kt      time.Duration // the largest kernel timestamp seen
-	waiters []waiter      // KernelTimeReached's channels, not yet closed
+	mu        sync.Mutex    // guards the fields below
+	line      [maxLine]byte // the start of the line being written
+	n         int           // bytes of line held
+	cr        bool          // a '\r' came after them: more text starts the line over
+	reason    string        // the verdict; "" while the guest is not known dead
+	linuxWhy  string        // the reason a Linux panic line gives, awaiting the rest of its report
+	linuxLeft int           // lines left for that report to begin; 0 when none awaits
+	bsdWhy    string        // the reason a FreeBSD "panic: " line gives, awaiting its cpuid line
+	bsdLeft   int           // lines left for that cpuid line to come; 0 when none awaits
+	kt        time.Duration // the largest kernel timestamp seen
+	waiters   []waiter      // KernelTimeReached's channels, not yet closed
 }
 
 // waiter is a channel to close once the kernel time reaches at.
@@ -128,9 +130,23 @@ func (w *Watcher) endLine() {
 	if w.reason != "" {
 		return
 	}
-	if reason, ok := linuxVerdict(message(line)); ok {
+	msg := message(line)
+	if reason, trailer, ok := linuxVerdict(msg); ok {
+		if trailer && w.linuxLeft > 0 {
+			reason = w.linuxWhy
+		}
 		w.die(reason)
 		return
+	}
+	if w.linuxLeft > 0 {
+		if isPanicReport(msg) {
+			w.die(w.linuxWhy)
+			return
+		}
+		w.linuxLeft--
+	}
+	if m, ok := bytes.CutPrefix(msg, []byte(linuxPanic)); ok && w.linuxLeft == 0 {
+		w.linuxWhy, w.linuxLeft = reasonPanic(m), linuxWindow
 	}
 	if w.bsdLeft > 0 {
 		if isCPUID(line) {
@@ -147,7 +163,7 @@ func (w *Watcher) endLine() {
 // die sets the verdict.
 func (w *Watcher) die(reason string) {
 	w.reason = reason
-	w.bsdWhy, w.bsdLeft = "", 0
+	w.linuxWhy, w.linuxLeft, w.bsdWhy, w.bsdLeft = "", 0, "", 0
 	close(w.died)
 }
 

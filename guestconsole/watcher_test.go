@@ -80,34 +80,51 @@ func TestLines(t *testing.T) {
 	const (
 		vfs  = "kernel panic: VFS: Unable to mount root fs on unknown-block(0,0)"
 		halt = "the guest halted: reboot: System halted"
+		// report is the line after a Linux panic line: dump_stack's first.
+		report = "[    2.400000] CPU: 0 PID: 1 Comm: swapper/0 Not tainted 6.1.0-28-amd64 #1  Debian 6.1.119-1\n"
 	)
 	for _, tc := range []struct {
 		name string
 		in   string
 		want string // the reason; "" for none
 	}{
-		// Linux's panic line, after a printk prefix or at column 0.
-		{"init killed", "[    2.345678] Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000100\n", "kernel panic: Attempted to kill init! exitcode=0x00000100"},
-		{"vfs", "[    1.234567] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\n", vfs},
-		{"io-apic", "[    0.412345] Kernel panic - not syncing: IO-APIC + timer doesn't work!  Boot with apic=debug and send a report.  Then try booting with the 'noapic' option.\n",
+		// Linux's panic line, after a printk prefix or at column 0, and the
+		// rest of its report.
+		{"init killed", "[    2.345678] Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000100\n" + report, "kernel panic: Attempted to kill init! exitcode=0x00000100"},
+		{"vfs", "[    1.234567] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\n" + report, vfs},
+		{"io-apic", "[    0.412345] Kernel panic - not syncing: IO-APIC + timer doesn't work!  Boot with apic=debug and send a report.  Then try booting with the 'noapic' option.\n" + report,
 			"kernel panic: IO-APIC + timer doesn't work!  Boot with apic=debug and send a report.  Then try booting with the 'noapic' option."},
-		{"short timestamp", "[    2.1] Kernel panic - not syncing: sysrq triggered crash\n", "kernel panic: sysrq triggered crash"},
-		{"fatal exception", "[   12.404890] Kernel panic - not syncing: Fatal exception\n", "kernel panic: Fatal exception"},
-		{"crlf", "[    1.234567] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\r\n", vfs},
-		{"no timestamp", "Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\n", vfs},
-		{"no timestamp crlf", "Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\r\n", vfs},
-		{"caller id", "[    1.234567][    T1] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\n", vfs},
-		{"cpu caller id", "[    5.000000][    C0] Kernel panic - not syncing: softlockup: hung tasks\n", "kernel panic: softlockup: hung tasks"},
-		{"caller id spaced", "[    1.234567] [    T1] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\n", vfs},
-		{"caller id alone", "[     T1] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\n", vfs},
-		{"large timestamp", "[123456.789012] Kernel panic - not syncing: hung_task: blocked tasks\n", "kernel panic: hung_task: blocked tasks"},
-		{"empty message", "[    1.000000] Kernel panic - not syncing: \n", "kernel panic"},
-		{"after other lines", "[    1.0] a\nb\n[    1.1] Kernel panic - not syncing: x\n[    1.2] CPU: 0 PID: 1\n", "kernel panic: x"},
-		{"after a status line ending in cr", "[  *** ] A start job is running for /dev/vdb (5s / 1min 30s)\r[   12.345678] Kernel panic - not syncing: Out of memory and no killable processes...\r\n",
+		{"short timestamp", "[    2.1] Kernel panic - not syncing: sysrq triggered crash\n" + report, "kernel panic: sysrq triggered crash"},
+		{"fatal exception", "[   12.404890] Kernel panic - not syncing: Fatal exception\n" + report, "kernel panic: Fatal exception"},
+		{"crlf", "[    1.234567] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\r\n" + report, vfs},
+		{"no timestamp", "Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\n" + report, vfs},
+		{"no timestamp crlf", "Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\r\n" + report, vfs},
+		{"caller id", "[    1.234567][    T1] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\n" + report, vfs},
+		{"cpu caller id", "[    5.000000][    C0] Kernel panic - not syncing: softlockup: hung tasks\n" + report, "kernel panic: softlockup: hung tasks"},
+		{"caller id spaced", "[    1.234567] [    T1] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\n" + report, vfs},
+		{"caller id alone", "[     T1] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\n" + report, vfs},
+		{"large timestamp", "[123456.789012] Kernel panic - not syncing: hung_task: blocked tasks\n" + report, "kernel panic: hung_task: blocked tasks"},
+		{"empty message", "[    1.000000] Kernel panic - not syncing: \n" + report, "kernel panic"},
+		{"after other lines", "[    1.0] a\nb\n[    1.1] Kernel panic - not syncing: x\n[    1.2] CPU: 0 PID: 1 Comm: swapper/0 Not tainted 6.1.0-28-amd64 #1\n", "kernel panic: x"},
+		{"after a status line ending in cr", "[  *** ] A start job is running for /dev/vdb (5s / 1min 30s)\r[   12.345678] Kernel panic - not syncing: Out of memory and no killable processes...\r\n" + report,
 			"kernel panic: Out of memory and no killable processes..."},
-		{"after escapes", "\x1b[0m\x1b[K[    1.234567] Kernel panic - not syncing: x\n", "kernel panic: x"},
-		{"control characters dropped", "Kernel panic - not syncing: a\x00b\x1b[1mc\x7f\td\xff\xfee\u2028f\u202eg\n", "kernel panic: ab[1mc defg"},
-		{"unicode kept", "Kernel panic - not syncing: été ✓\n", "kernel panic: été ✓"},
+		{"after escapes", "\x1b[0m\x1b[K[    1.234567] Kernel panic - not syncing: x\n" + report, "kernel panic: x"},
+		{"control characters dropped", "Kernel panic - not syncing: a\x00b\x1b[1mc\x7f\td\xff\xfee\u2028f\u202eg\n" + report, "kernel panic: ab[1mc defg"},
+		{"unicode kept", "Kernel panic - not syncing: été ✓\n" + report, "kernel panic: été ✓"},
+
+		// The panic line alone is not enough: the rest of the report confirms it.
+		{"report uid", "[    1.0] Kernel panic - not syncing: x\n[    1.0] CPU: 1 UID: 0 PID: 1 Comm: swapper/0 Not tainted 6.12.0 #1\n", "kernel panic: x"},
+		{"report offset", "[   12.404890] Kernel panic - not syncing: Fatal exception\n[   12.405000] Kernel Offset: 0x2a000000 from 0xffffffff81000000 (relocation range: 0xffffffff80000000-0xffffffffbfffffff)\n", "kernel panic: Fatal exception"},
+		{"report offset disabled", "Kernel panic - not syncing: Fatal exception\nKernel Offset: disabled\n", "kernel panic: Fatal exception"},
+		{"report nmi", "[    5.0][    C1] Kernel panic - not syncing: softlockup: hung tasks\n[    5.0][    C1] Shutting down cpus with NMI\n", "kernel panic: softlockup: hung tasks"},
+		{"report later", "[    1.0] Kernel panic - not syncing: x\n[    1.0] a\n[    1.0] b\n[    1.0] CPU: 0 PID: 1 Comm: init Not tainted\n", "kernel panic: x"},
+		{"trailer confirms", "[    1.0] Kernel panic - not syncing: x\n[    1.1] ---[ end Kernel panic - not syncing: x ]---\n", "kernel panic: x"},
+		{"panic line alone", "[    1.0] Kernel panic - not syncing: x\n", ""},
+		{"quoted into kmsg", "[   12.300000] Kernel panic - not syncing: test\n[   12.400000] eth0: link up\n[   13.000000] random: crng init done\n", ""},
+		{"report too late", "[    1.0] Kernel panic - not syncing: x\n" + strings.Repeat("[    1.0] a\n", linuxWindow) + "[    1.0] CPU: 0 PID: 1 Comm: init\n", ""},
+		{"report of another kind", "[    1.0] Kernel panic - not syncing: x\n[    1.0] CPU: 0: something else\n[    1.0] CPU: x PID: 1 Comm: init\n[    1.0] systemd: CPU: 0 PID: 1 Comm: init\n", ""},
+		{"report before", "[    1.0] CPU: 0 PID: 1 Comm: init\n[    1.0] Kernel panic - not syncing: x\n", ""},
+		{"cpu line alone", "[    1.0] CPU: 0 PID: 1 Comm: swapper/0 Not tainted 6.1.0-28-amd64 #1\n", ""},
 
 		// Its trailer, alone when the panic line was missed.
 		{"trailer", "[    1.236480] ---[ end Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0) ]---\n", vfs},
@@ -276,21 +293,24 @@ func TestBootThenPanic(t *testing.T) {
 }
 
 func TestLongLines(t *testing.T) {
-	const panicLine = "[    1.000000] Kernel panic - not syncing: x\n"
+	const (
+		panicLine = "[    1.000000] Kernel panic - not syncing: x\n"
+		report    = "[    1.000000] CPU: 0 PID: 1 Comm: swapper/0 Not tainted 6.1.0-28-amd64 #1\n"
+	)
 	for _, tc := range []struct {
 		name string
 		in   []byte
 		want string
 	}{
-		{"long line, then a panic", []byte(strings.Repeat("y", 3*maxLine) + "\n" + panicLine), "kernel panic: x"},
+		{"long line, then a panic", []byte(strings.Repeat("y", 3*maxLine) + "\n" + panicLine + report), "kernel panic: x"},
 		{"a panic far into a line", []byte(strings.Repeat("y", 3*maxLine) + panicLine), ""},
 		{"a panic after the kept bytes", []byte(strings.Repeat("y", maxLine) + panicLine), ""},
-		{"a panic after a cr", []byte(strings.Repeat("y", 5*maxLine) + "\r" + panicLine), "kernel panic: x"},
-		{"a panic line of the bytes kept", []byte(panicLine[:len(panicLine)-2] + strings.Repeat("z", maxLine-len(panicLine)+2) + "\n"),
+		{"a panic after a cr", []byte(strings.Repeat("y", 5*maxLine) + "\r" + panicLine + report), "kernel panic: x"},
+		{"a panic line of the bytes kept", []byte(panicLine[:len(panicLine)-2] + strings.Repeat("z", maxLine-len(panicLine)+2) + "\n" + report),
 			"kernel panic: " + strings.Repeat("z", maxMessage) + ellipsis},
-		{"a panic line longer", []byte(panicLine[:len(panicLine)-2] + strings.Repeat("z", maxLine) + "\n"),
+		{"a panic line longer", []byte(panicLine[:len(panicLine)-2] + strings.Repeat("z", maxLine) + "\n" + report),
 			"kernel panic: " + strings.Repeat("z", maxMessage) + ellipsis},
-		{"a long message", []byte("[    1.000000] Kernel panic - not syncing: " + strings.Repeat("é", 3*maxLine) + "\n"),
+		{"a long message", []byte("[    1.000000] Kernel panic - not syncing: " + strings.Repeat("é", 3*maxLine) + "\n" + report),
 			"kernel panic: " + strings.Repeat("é", maxMessage/2) + ellipsis},
 		{"a long trailer", []byte("[    1.000000] ---[ end Kernel panic - not syncing: " + strings.Repeat("z", 3*maxLine) + " ]---\n"),
 			"kernel panic: " + strings.Repeat("z", maxMessage) + ellipsis},
@@ -331,7 +351,7 @@ func TestFlood(t *testing.T) {
 	if reason, ok := w.Dead(); ok {
 		t.Fatalf("Dead() = %q after a flood", reason)
 	}
-	_, _ = w.Write([]byte("\n[    1.000000] Kernel panic - not syncing: x\n"))
+	_, _ = w.Write([]byte("\n[    1.000000] Kernel panic - not syncing: x\n[    1.000000] CPU: 0 PID: 1 Comm: init Not tainted\n"))
 	if reason, _ := w.Dead(); reason != "kernel panic: x" {
 		t.Fatalf("Dead() = %q after the flood and a panic", reason)
 	}
@@ -356,8 +376,14 @@ func TestDied(t *testing.T) {
 	_, _ = w.Write([]byte("\r\n"))
 	select {
 	case <-w.Died():
+		t.Fatal("Died before the rest of the panic's report")
 	default:
-		t.Fatal("Died open after a panic line")
+	}
+	_, _ = w.Write([]byte("[    1.000000] CPU: 0 PID: 1 Comm: swapper/0 Not tainted\r\n"))
+	select {
+	case <-w.Died():
+	default:
+		t.Fatal("Died open after a panic line and its report")
 	}
 	_, _ = w.Write([]byte("[    1.000001] reboot: System halted\n"))
 	if reason, ok := w.Dead(); reason != "kernel panic: x" || !ok {

@@ -48,7 +48,8 @@ func TestDeadGuestPanicEarly(t *testing.T) {
 	assertPodGone(ctx, t, p, netns, vm.id)
 }
 
-// TestDeadGuestHalted: lines that merely quote a panic or a halt leave the
+// TestDeadGuestHalted: lines that merely quote a panic or a halt, and a
+// panic line alone (on the console, through the kernel's log), leave the
 // guest running; a guest that halts (halt -f: every vCPU stopped, nothing
 // for QEMU to report) is stopped, and the container exits 1 saying so.
 func TestDeadGuestHalted(t *testing.T) {
@@ -63,12 +64,14 @@ func TestDeadGuestHalted(t *testing.T) {
 		"[    5.000000] audit: Kernel panic - not syncing: quoted",
 		"note: reboot: System halted",
 		"Kernel panic - not syncing",
+		"Kernel panic - not syncing: a panic line alone, with no report after it",
 		"VMSHIM-QUOTES-DONE",
 	}
 	script := ""
 	for _, q := range quotes {
 		script += fmt.Sprintf("echo '%s' > /dev/ttyS0; ", q)
 	}
+	script += "echo 'Kernel panic - not syncing: quoted into the kernel log' > /dev/kmsg"
 	vm.mustExec(ctx, t, "sh", "-c", script)
 	vm.waitLog(ctx, t, "VMSHIM-QUOTES-DONE")
 	time.Sleep(5 * time.Second) // longer than the shim waits before it stops a dead guest
