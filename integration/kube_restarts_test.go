@@ -263,6 +263,10 @@ func (k *kubeCluster) containerdRestart(t *testing.T, vms []*runningVM, mark fun
 		if _, err := os.Stat(filepath.Join(vol, "vmshim-state")); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("pod %s: the state is still on the volume after the resume: %v", second.Name, err)
 		}
+		// Ready comes from the guest agent; the guest takes the new
+		// pod's address once its carrier is back and its lease renewed,
+		// and the checks after each restart reach it there.
+		k.waitGuestAddress(ctx, t, second.Name, second.Status.PodIP, first.Status.PodIP)
 		resumed = k.runningVM(ctx, t, second)
 		resumed.logWant = resumedLine
 		if resumed.up < suspending.up {
