@@ -76,8 +76,13 @@ func shareOf(m specs.Mount) (Share, string) {
 	bind, readOnly := mountOptions(m)
 	if !bind {
 		typ := m.Type
-		if typ == "" {
+		switch {
+		case typ == "":
 			typ = "untyped"
+		case !isPlainWord(typ):
+			// The type is the runtime's to set, and a hostile one must
+			// not break the one-line message it lands in.
+			typ = strconv.Quote(typ)
 		}
 		return Share{}, fmt.Sprintf("%s mount, not a bind mount", typ)
 	}
@@ -113,6 +118,20 @@ func shareOf(m specs.Mount) (Share, string) {
 		readOnly = true
 	}
 	return Share{HostPath: src, GuestPath: dst, ReadOnly: readOnly}, ""
+}
+
+// isPlainWord reports whether s is a short word of letters, digits, '.',
+// '-' and '_', as every filesystem type name is.
+func isPlainWord(s string) bool {
+	if len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // mountOptions reads a mount's kind and access from its type and options;

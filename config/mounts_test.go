@@ -98,6 +98,7 @@ func TestResolveShares(t *testing.T) {
 				{Destination: "/with space", Type: "bind", Source: data},
 				{Destination: "/overlay", Type: "overlay", Source: "overlay"},
 				{Destination: "/untyped", Source: data},
+				{Destination: "/hostile", Type: "x\n mount, not", Source: data},
 				{Destination: "/ok", Type: "bind", Source: data},
 			},
 			want: []Share{{Tag: "vmshim0", HostPath: data, GuestPath: "/ok"}},
@@ -111,6 +112,7 @@ func TestResolveShares(t *testing.T) {
 				`"/with space": path "/with space" has whitespace or a backslash`,
 				`"/overlay": overlay mount, not a bind mount`,
 				`"/untyped": untyped mount, not a bind mount`,
+				`"/hostile": "x\n mount, not" mount, not a bind mount`,
 			},
 		},
 	}
