@@ -14,8 +14,6 @@ const maxLine = 1024
 // kernel time it shows. New makes one; its methods may be called from
 // many goroutines.
 type Watcher struct {
-	died chan struct{} // closed once reason is set
-
 	mu        sync.Mutex    // guards the fields below
 	line      [maxLine]byte // the start of the line being written
 	n         int           // bytes of line held
@@ -26,18 +24,11 @@ type Watcher struct {
 	bsdWhy    string        // the reason a FreeBSD "panic: " line gives, awaiting its cpuid line
 	bsdLeft   int           // lines left for that cpuid line to come; 0 when none awaits
 	kt        time.Duration // the largest kernel timestamp seen
-	waiters   []waiter      // KernelTimeReached's channels, not yet closed
-}
-
-// waiter is a channel to close once the kernel time reaches at.
-type waiter struct {
-	at time.Duration
-	ch chan struct{}
 }
 
 // New returns a watcher that has seen no output.
 func New() *Watcher {
-	return &Watcher{died: make(chan struct{})}
+	return &Watcher{}
 }
 
 // Write feeds console output, in chunks of any size and content, to the
@@ -68,32 +59,12 @@ func (w *Watcher) Dead() (reason string, ok bool) {
 	return w.reason, w.reason != ""
 }
 
-// Died returns a channel closed once the console has shown the guest dead.
-func (w *Watcher) Died() <-chan struct{} {
-	return w.died
-}
-
 // KernelTime returns the largest Linux printk timestamp seen at the start
 // of a line, or 0 before any.
 func (w *Watcher) KernelTime() time.Duration {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.kt
-}
-
-// KernelTimeReached returns a channel closed once KernelTime is d or more,
-// closed already if it is. The watcher keeps each channel until then:
-// call it once for a time and keep the channel.
-func (w *Watcher) KernelTimeReached(d time.Duration) <-chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	ch := make(chan struct{})
-	if w.kt >= d {
-		close(ch)
-		return ch
-	}
-	w.waiters = append(w.waiters, waiter{at: d, ch: ch})
-	return ch
 }
 
 // add adds b, with no '\n' in it, to the line being written; a '\r' ends
@@ -125,7 +96,6 @@ func (w *Watcher) endLine() {
 	w.n, w.cr = 0, false
 	if t, ok := kernelTime(line); ok && t > w.kt {
 		w.kt = t
-		w.wake()
 	}
 	if w.reason != "" {
 		return
@@ -164,19 +134,4 @@ func (w *Watcher) endLine() {
 func (w *Watcher) die(reason string) {
 	w.reason = reason
 	w.linuxWhy, w.linuxLeft, w.bsdWhy, w.bsdLeft = "", 0, "", 0
-	close(w.died)
-}
-
-// wake closes the channels of the waiters the kernel time has reached.
-func (w *Watcher) wake() {
-	kept := w.waiters[:0]
-	for _, wt := range w.waiters {
-		if w.kt >= wt.at {
-			close(wt.ch)
-		} else {
-			kept = append(kept, wt)
-		}
-	}
-	clear(w.waiters[len(kept):])
-	w.waiters = kept
 }

@@ -2,13 +2,11 @@ package launch
 
 import (
 	"encoding/json"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -258,26 +256,4 @@ func TestLaunchDisks(t *testing.T) {
 			t.Errorf("a refused disk was passed on: %d fds, drives %+v", len(c.fds.Files()), c.qs.Drives)
 		}
 	})
-}
-
-// firstRead calls its function once, at the first read that returns data.
-func TestFirstRead(t *testing.T) {
-	a, b := net.Pipe()
-	defer a.Close()
-	var calls atomic.Int32
-	f := &firstRead{Conn: b, then: func() { calls.Add(1) }}
-	go func() {
-		a.Write([]byte("console"))
-		a.Write([]byte(" output"))
-		a.Close()
-	}()
-	buf := make([]byte, 64)
-	for {
-		if _, err := f.Read(buf); err != nil {
-			break
-		}
-	}
-	if calls.Load() != 1 {
-		t.Errorf("called %d times, want once", calls.Load())
-	}
 }

@@ -139,3 +139,33 @@ func TestWatchedConsole(t *testing.T) {
 	}
 	c.Close()
 }
+
+// TestOnConsole tells firstOutput of the first chunk only, and death of
+// the watcher's verdict once it has one.
+func TestOnConsole(t *testing.T) {
+	d := newDeathWatch(log.L)
+	d.delay = time.Hour // never kills within the test
+	d.setKill(func() error { t.Error("killed"); return nil })
+	defer d.stop()
+	var firsts atomic.Int32
+	seen := onConsole(d, nil, func() { firsts.Add(1) })
+	w := guestconsole.New()
+	for _, chunk := range []string{
+		"[    0.100000] Linux version 6.1.0\r\n",
+		"[    1.000000] Kernel panic - not syncing: x\r\n",
+		"[    1.000001] CPU: 0 PID: 1 Comm: swapper/0 Not tainted\r\n",
+	} {
+		if got := d.verdict(); got != "" {
+			t.Fatalf("verdict %q before the panic's report", got)
+		}
+		_, _ = w.Write([]byte(chunk))
+		seen(w)
+	}
+	if got := d.verdict(); got != "kernel panic: x" {
+		t.Errorf("verdict %q, want the panic's", got)
+	}
+	if n := firsts.Load(); n != 1 {
+		t.Errorf("firstOutput called %d times, want once", n)
+	}
+	onConsole(d, nil, nil)(w) // no firstOutput: nothing to call
+}

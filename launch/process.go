@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -115,21 +114,21 @@ func (c *build) qemu(ctx context.Context) (err error) {
 			return fmt.Errorf("start vm %s: %w", c.r.ID, err) // the rollback stops QEMU
 		}
 	}
-	console := c.watchConsole(vm, death, pace)
+	console := c.watchConsole(vm, death, pace, c.pageOutBootFiles(vm))
 	saver := c.newSaver()
 	c.vm = &qemuVM{proc: vm, limits: c.limits, console: console, rec: c.rec, stderr: stderr, hooks: c.hooks, oom: c.watchOOM(),
 		saver: saver, suspend: c.newSuspender(saver), relink: relink, guestMem: guestMem, death: death, pace: pace}
 	if c.vnc != nil {
 		c.vnc.vm.Store(vm)
 	}
-	c.pageOutBootFiles(vm)
 	return nil
 }
 
 // watchConsole has the guest's console watched (guestconsole) for a
 // dead guest, which death then stops, and for its kernel's clock, which
-// tells pace, if any, that the guest is past its early boot.
-func (c *build) watchConsole(vm *qemu.VM, death *deathWatch, pace *pacer) *watchedConsole {
+// tells pace, if any, that the guest is past its early boot. firstOutput,
+// if not nil, is called once, at the guest's first output.
+func (c *build) watchConsole(vm *qemu.VM, death *deathWatch, pace *pacer, firstOutput func()) *watchedConsole {
 	death.setKill(vm.Kill)
 	go func() {
 		<-vm.Done()
@@ -138,14 +137,7 @@ func (c *build) watchConsole(vm *qemu.VM, death *deathWatch, pace *pacer) *watch
 			pace.close()
 		}
 	}()
-	seen := func(w *guestconsole.Watcher) {
-		if reason, ok := w.Dead(); ok {
-			death.dead(reason)
-		}
-		if pace != nil {
-			pace.seen(w)
-		}
-	}
+	seen := onConsole(death, pace, firstOutput)
 	final := func() string {
 		if reason := death.verdict(); reason != "" {
 			return "the guest is dead, its vm stopped: " + reason
@@ -159,14 +151,34 @@ func (c *build) watchConsole(vm *qemu.VM, death *deathWatch, pace *pacer) *watch
 	return console
 }
 
+// onConsole returns what is told of each chunk of the guest's console
+// output: death of a verdict, pace (if any) of the kernel's clock, and
+// firstOutput (if any) of the first chunk.
+func onConsole(death *deathWatch, pace *pacer, firstOutput func()) func(*guestconsole.Watcher) {
+	var first sync.Once
+	return func(w *guestconsole.Watcher) {
+		if firstOutput != nil {
+			first.Do(firstOutput)
+		}
+		if reason, ok := w.Dead(); ok {
+			death.dead(reason)
+		}
+		if pace != nil {
+			pace.seen(w)
+		}
+	}
+}
+
 // pageOutBootFiles has the kernel reclaim, off the way to the guest
 // running, QEMU's pages of the kernel and initrd of a direct kernel boot
 // (procmem.PageOut): the guest has its copy by now. The firmware then
 // reads the initrd (and a compressed kernel) through fw_cfg, which brings
 // their pages back, until it starts the kernel: the shim does it again
 // at the guest's first console output, which comes from the kernel, and
-// once more bootFilesRead later, for a kernel that prints nothing.
-func (c *build) pageOutBootFiles(vm *qemu.VM) {
+// once more bootFilesRead later, for a kernel that prints nothing. It
+// returns what to call at that first output, or nil for a VM without
+// boot files.
+func (c *build) pageOutBootFiles(vm *qemu.VM) (firstOutput func()) {
 	var ids []procmem.FileID
 	for _, f := range []*os.File{c.boot.KernelFile, c.boot.InitrdFile} {
 		if f == nil {
@@ -175,12 +187,12 @@ func (c *build) pageOutBootFiles(vm *qemu.VM) {
 		id, err := procmem.FileIDOf(f)
 		if err != nil {
 			c.logger.WithError(err).Debug("page out boot files")
-			return
+			return nil
 		}
 		ids = append(ids, id)
 	}
 	if len(ids) == 0 {
-		return
+		return nil
 	}
 	logger := c.logger
 	pageOut := func(when string) {
@@ -191,7 +203,6 @@ func (c *build) pageOutBootFiles(vm *qemu.VM) {
 		}
 		logger.WithFields(log.Fields{"when": when, "ms": time.Since(begin).Milliseconds()}).Debug("boot files paged out")
 	}
-	c.vm.console = &firstRead{Conn: c.vm.console, then: func() { go pageOut("guest output") }}
 	go func() {
 		pageOut("qemu started")
 		select {
@@ -200,22 +211,7 @@ func (c *build) pageOutBootFiles(vm *qemu.VM) {
 			pageOut("after boot")
 		}
 	}()
-}
-
-// firstRead is a connection that calls then once, when a read first
-// returns data.
-type firstRead struct {
-	net.Conn
-	once sync.Once
-	then func()
-}
-
-func (f *firstRead) Read(p []byte) (int, error) {
-	n, err := f.Conn.Read(p)
-	if n > 0 {
-		f.once.Do(f.then)
-	}
-	return n, err
+	return func() { go pageOut("guest output") }
 }
 
 // microVMTSC gives a microvm guest under TCG its time stamp counter's
