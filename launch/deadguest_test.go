@@ -54,27 +54,32 @@ func TestDeathWatchResets(t *testing.T) {
 // which later ones do not change; stop cancels a pending kill.
 func TestDeathWatchKills(t *testing.T) {
 	d := newDeathWatch(log.L)
-	d.delay = 10 * time.Millisecond
-	var kills atomic.Int32
-	d.setKill(func() error { kills.Add(1); return nil })
+	d.delay = time.Millisecond
+	kills := make(chan struct{}, 2)
+	d.setKill(func() error { kills <- struct{}{}; return nil })
 	d.dead("kernel panic: first")
 	d.dead("the guest halted: second")
-	time.Sleep(100 * time.Millisecond)
-	if n := kills.Load(); n != 1 {
-		t.Errorf("%d kills, want 1", n)
+	select {
+	case <-kills:
+	case <-time.After(time.Minute):
+		t.Fatal("no kill a minute after the verdict")
+	}
+	select {
+	case <-kills:
+		t.Error("killed twice")
+	case <-time.After(50 * time.Millisecond):
 	}
 	if got := d.verdict(); got != "kernel panic: first" {
 		t.Errorf("verdict %q, want the first", got)
 	}
 
 	e := newDeathWatch(log.L)
-	e.delay = 50 * time.Millisecond
-	e.setKill(func() error { kills.Add(1); return nil })
+	e.delay = time.Hour
+	e.setKill(func() error { t.Error("a stopped watch killed"); return nil })
 	e.dead("kernel panic: x")
 	e.stop()
-	time.Sleep(100 * time.Millisecond)
-	if n := kills.Load(); n != 1 {
-		t.Errorf("a stopped watch killed: %d kills", n)
+	if e.timer.Stop() {
+		t.Error("stop left the kill pending")
 	}
 }
 
