@@ -47,7 +47,7 @@ func lastLineWith(path string, parts ...string) string {
 // TestCRIBalloon: a VM has a balloon with free page reporting. A guest
 // that fills 400 MiB of a tmpfs and frees it gives the pages back: QEMU's
 // resident guest RAM and the container's memory usage in the CRI's stats
-// fall by at least 350 MiB. Its memory statistics reach the shim's log
+// fall by at least balloonGaveBackMiB. Its memory statistics reach the shim's log
 // at SIGUSR2. With vmshim.io/balloon off, QEMU has no balloon, and the
 // same guest's freed pages stay with it.
 func TestCRIBalloon(t *testing.T) {
@@ -110,6 +110,16 @@ const (
 	balloonGuestMiB = 1024
 	balloonFillMiB  = 400
 )
+
+// balloonGaveBackMiB is the fall in QEMU's resident guest RAM and the
+// container's usage that shows freed pages went back to the host: half
+// the fill. A guest reports only whole free 2 MiB blocks (Linux's
+// page_reporting_order), and a block the fill shares with a page the
+// guest still uses stays with it, so how much of the fill comes back
+// depends on how the guest's allocations interleaved: 328 to 379 MiB
+// of the 400 here. How much and how fast is a goal of `make bench`
+// (memoryFellMiB), not of this test. Without a balloon, nothing falls.
+const balloonGaveBackMiB = balloonFillMiB / 2
 
 // bootBalloonVM boots the agent guest with balloonGuestMiB of RAM and
 // annotations in a pod of its own.
@@ -198,7 +208,7 @@ func (m *balloonMeter) free(ctx context.Context, t *testing.T) time.Time {
 
 // fillAndFree has the guest fill balloonFillMiB of a tmpfs and free it,
 // and waits at most within for QEMU's resident guest RAM and the
-// container's usage both to fall by 350 MiB: the figures once filled,
+// container's usage both to fall by balloonGaveBackMiB: the figures once filled,
 // the last ones, how long it waited, and whether they fell.
 func fillAndFree(ctx context.Context, t *testing.T, c *cri, vm *criContainer, within time.Duration) (filled, now balloonFigures, took time.Duration, fell bool) {
 	t.Helper()
@@ -212,7 +222,7 @@ func fillAndFree(ctx context.Context, t *testing.T, c *cri, vm *criContainer, wi
 	// here is generous, and the time it takes the bench's to judge.
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, within, true, func(context.Context) (bool, error) {
 		now = m.measure(ctx, t)
-		return filled.guestMiB-now.guestMiB >= 350 && filled.usageMiB-now.usageMiB >= 350, nil
+		return filled.guestMiB-now.guestMiB >= balloonGaveBackMiB && filled.usageMiB-now.usageMiB >= balloonGaveBackMiB, nil
 	})
 	return filled, now, time.Since(freed), err == nil
 }
