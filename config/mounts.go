@@ -75,14 +75,11 @@ func isPlumbing(m specs.Mount) bool {
 func shareOf(m specs.Mount) (Share, string) {
 	bind, readOnly := mountOptions(m)
 	if !bind {
-		typ := m.Type
-		switch {
-		case typ == "":
-			typ = "untyped"
-		case !isPlainWord(typ):
+		typ := "untyped"
+		if m.Type != "" {
 			// The type is the runtime's to set, and a hostile one must
 			// not break the one-line message it lands in.
-			typ = strconv.Quote(typ)
+			typ = quoteKey(m.Type)
 		}
 		return Share{}, fmt.Sprintf("%s mount, not a bind mount", typ)
 	}
@@ -118,20 +115,6 @@ func shareOf(m specs.Mount) (Share, string) {
 		readOnly = true
 	}
 	return Share{HostPath: src, GuestPath: dst, ReadOnly: readOnly}, ""
-}
-
-// isPlainWord reports whether s is a short word of letters, digits, '.',
-// '-' and '_', as every filesystem type name is.
-func isPlainWord(s string) bool {
-	if len(s) > 64 {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == '_') {
-			return false
-		}
-	}
-	return true
 }
 
 // mountOptions reads a mount's kind and access from its type and options;
