@@ -47,9 +47,9 @@ func lastLineWith(path string, parts ...string) string {
 // TestCRIBalloon: a VM has a balloon with free page reporting. A guest
 // that fills 400 MiB of a tmpfs and frees it gives the pages back: QEMU's
 // resident guest RAM and the container's memory usage in the CRI's stats
-// fall by at least balloonGaveBackMiB. Its memory statistics reach the shim's log
-// at SIGUSR2. With vmshim.io/balloon off, QEMU has no balloon, and the
-// same guest's freed pages stay with it.
+// fall by at least balloonGaveBackMiB. Its memory statistics reach the
+// shim's log at SIGUSR2. With vmshim.io/balloon off, QEMU has no
+// balloon, and the same guest's freed pages stay with it.
 func TestCRIBalloon(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*bootTimeout)
 	defer cancel()
@@ -208,8 +208,8 @@ func (m *balloonMeter) free(ctx context.Context, t *testing.T) time.Time {
 
 // fillAndFree has the guest fill balloonFillMiB of a tmpfs and free it,
 // and waits at most within for QEMU's resident guest RAM and the
-// container's usage both to fall by balloonGaveBackMiB: the figures once filled,
-// the last ones, how long it waited, and whether they fell.
+// container's usage both to fall by balloonGaveBackMiB: the figures once
+// filled, the last ones, how long it waited, and whether they fell.
 func fillAndFree(ctx context.Context, t *testing.T, c *cri, vm *criContainer, within time.Duration) (filled, now balloonFigures, took time.Duration, fell bool) {
 	t.Helper()
 	m := newBalloonMeter(t, c, vm)
