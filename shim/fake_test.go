@@ -543,26 +543,31 @@ func mkfifo(t *testing.T, name string) string {
 }
 
 // openFifo opens a fifo in the background (opening one end blocks until
-// the other end is open) and closes it when the test ends.
+// the other end is open) and closes it when the test ends. The cleanup,
+// which runs before the fifo's directory is removed, first ends an open
+// still waiting, by holding both ends itself (O_RDWR never blocks), and
+// waits for it: an open never outlives its test.
 func openFifo(t *testing.T, path string, flag int) <-chan *os.File {
 	t.Helper()
 	ch := make(chan *os.File, 1)
-	kept := make(chan *os.File, 1) // keeps the file reachable until cleanup
+	done := make(chan *os.File, 1) // the file opened, or nil; keeps it reachable
 	go func() {
 		f, err := os.OpenFile(path, flag, 0)
 		if err != nil {
 			t.Errorf("open fifo %s: %v", path, err)
 			close(ch)
+			done <- nil
 			return
 		}
-		kept <- f
+		done <- f
 		ch <- f
 	}()
 	t.Cleanup(func() {
-		select {
-		case f := <-kept:
+		if both, err := os.OpenFile(path, os.O_RDWR, 0); err == nil {
+			defer both.Close()
+		}
+		if f := <-done; f != nil {
 			_ = f.Close()
-		default:
 		}
 	})
 	return ch
